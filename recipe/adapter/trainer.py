@@ -1,0 +1,156 @@
+"""``PPOTrainerSync`` subclass: the length-aware sampler, the per-batch cap, and the step metrics and traces.
+
+Only small hook overrides, each pinned by tests/contract:
+* ``_init_dataloader``: verl builds its dataloaders, then the train one is rebuilt with ``LengthAwareEpochSampler``
+  (it runs before ``_load_checkpoint``, so a resume restores into this sampler).
+* ``_next_train_batch``: every prompt fetched for training gets its length prediction and the batch's cap as row
+  fields (validation batches never pass here, so they are never capped).
+* ``step``: after verl's step, read each response's row id, length, cap and prediction back from TransferQueue,
+  update the estimates (before the checkpoint save in ``fit``), log the recipe metrics, append the length trace.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from omegaconf import OmegaConf
+from torchdata.stateful_dataloader import StatefulDataLoader
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.dataset.rl_dataset import collate_fn
+
+from ..core.cap import make_cap_policy
+from ..core.step_stats import StepResponses, group_tails, step_metrics
+from ..settings import parse_settings
+from ..traces import LengthTraceWriter
+from .columns import column_to_numpy, row_sums
+from .fields import CAP, PREDICTION, ROW_ID
+from .sampler import LengthAwareEpochSampler
+
+logger = logging.getLogger(__name__)
+
+CAP_STATE_KEY = "cap_policy"
+
+
+class LengthAwareTrainer(PPOTrainerSync):
+    def __init__(self, config):
+        self.settings = parse_settings(OmegaConf.to_container(config, resolve=True))
+        super().__init__(config)
+        cap = self.settings.cap
+        self.cap_policy = (
+            make_cap_policy(cap.mode, self.settings.response_length, **cap.policy_kwargs()) if cap.enabled else None
+        )
+        self.length_sampler: LengthAwareEpochSampler | None = None
+        self.trace_writer = None
+        if self.settings.traces.enabled:
+            path = self.settings.traces.path or os.path.join(config.trainer.default_local_dir, "length_traces.jsonl")
+            self.trace_writer = LengthTraceWriter(path)
+
+    # -- dataloader ------------------------------------------------------------------------------------------------
+    def _init_dataloader(self):
+        super()._init_dataloader()
+        if not self.settings.sampler.enabled:
+            return
+        self.length_sampler = LengthAwareEpochSampler.from_settings(self.train_dataset, self.settings)
+        gen_batch_size = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
+        if gen_batch_size != self.settings.batch_size:
+            raise ValueError(
+                f"verl fetches {gen_batch_size} prompts per dataloader batch but the sampler was built for "
+                f"{self.settings.batch_size} (data.gen_batch_size was overridden: DAPO filter_groups or "
+                "sync_refill_failed_groups are not supported with the length-aware sampler)"
+            )
+        self.train_dataloader = StatefulDataLoader(
+            dataset=self.train_dataset,
+            batch_size=gen_batch_size,
+            num_workers=0,
+            drop_last=True,
+            collate_fn=collate_fn,
+            sampler=self.length_sampler,
+        )
+
+    def on_init_end(self):
+        # _load_checkpoint has run: bring the cap policy back from the sampler state saved in data.pt.
+        if self.cap_policy is not None and self.length_sampler is not None:
+            state = self.length_sampler.extra_state.get(CAP_STATE_KEY)
+            if state is not None:
+                self.cap_policy.load_state_dict(state)
+        super().on_init_end()
+
+    # -- per-batch cap ---------------------------------------------------------------------------------------------
+    def batch_prediction_and_cap(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """Length predictions of the batch's rows (NaN where unseen) and the cap for the batch (0 = none)."""
+        if self.length_sampler is None:
+            return np.full(len(rows), np.nan), 0
+        pred = self.length_sampler.estimates.get(rows, fill_prior=False)
+        cap = self.cap_policy.cap_for_batch(pred) if self.cap_policy is not None else None
+        return pred, int(cap or 0)
+
+    def _next_train_batch(self, num_prompts=None):
+        batch = super()._next_train_batch(num_prompts)
+        rows = column_to_numpy(batch[ROW_ID], dtype=np.int64)
+        pred, cap = self.batch_prediction_and_cap(rows)
+        batch[PREDICTION] = torch.as_tensor(pred, dtype=torch.float32)
+        batch[CAP] = torch.full((len(rows),), cap, dtype=torch.int64)
+        return batch
+
+    # -- after each step -------------------------------------------------------------------------------------------
+    def step(self, metrics, timing_raw):
+        batch = super().step(metrics, timing_raw)
+        keys = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+        if keys:
+            data = tq.kv_batch_get(
+                keys=keys, partition_id=batch.partition_id, select_fields=[ROW_ID, "response_mask", CAP, PREDICTION]
+            )
+            resp = StepResponses(
+                rows=column_to_numpy(data[ROW_ID], dtype=np.int64),
+                lengths=row_sums(data["response_mask"]),
+                caps=column_to_numpy(data[CAP], dtype=np.int64),
+                predicted=column_to_numpy(data[PREDICTION], dtype=np.float64),
+                response_length=self.settings.response_length,
+            )
+            metrics.update(self.observe(resp, gen_time_s=float(timing_raw.get("gen", 0.0))))
+        return batch
+
+    def observe(self, resp: StepResponses, gen_time_s: float) -> dict:
+        """Update estimates and cap calibration from one step's responses; return the step's recipe metrics."""
+        obs = None
+        epoch = (self.global_steps - 1) // max(self.steps_per_epoch, 1)
+        if self.length_sampler is not None:
+            obs = self.length_sampler.update(resp.rows, resp.lengths, resp.censored())
+            epoch = self.length_sampler.plan.epoch
+            if self.cap_policy is not None:
+                tails = group_tails(resp)
+                first = np.unique(resp.rows, return_index=True)[1]
+                pred_of = dict(zip(resp.rows[first].tolist(), resp.predicted[first].tolist()))
+                pred = np.array([pred_of[r] for r in tails.rows.tolist()])
+                self.cap_policy.observe(epoch, pred, tails.value, tails.censored)
+                self.length_sampler.extra_state[CAP_STATE_KEY] = self.cap_policy.state_dict()
+        m = step_metrics(resp, obs)
+        m["sampler/epoch"] = float(epoch)
+        if self.length_sampler is not None:
+            m["sampler/seen_ratio"] = self.length_sampler.estimates.seen_ratio()
+        if self.trace_writer is not None:
+            self.trace_writer.append(
+                epoch=int(epoch),
+                step=int(self.global_steps),
+                cap=int(resp.caps.max()) or None,
+                response_length=self.settings.response_length,
+                gen_time_s=gen_time_s,
+                rows=resp.rows.tolist(),
+                sample_index=_sample_index(resp.rows),
+                lengths=resp.lengths.astype(int).tolist(),
+                predicted=[None if not np.isfinite(p) else float(p) for p in resp.predicted],
+            )
+        return m
+
+
+def _sample_index(rows: np.ndarray) -> list[int]:
+    """0..n-1 within each row's group, in order of appearance."""
+    seen: dict[int, int] = {}
+    out = []
+    for r in rows.tolist():
+        out.append(seen.get(r, 0))
+        seen[r] = out[-1] + 1
+    return out

@@ -1,0 +1,253 @@
+"""The recipe's own configuration, parsed and checked in one place.
+
+The recipe YAML (``configs/length_aware_grpo.yaml``) adds two sections to verl's config: ``data.sampler`` (the
+seed-compatible sampler keys) and ``recipe`` (cap, over-sample, traces). This module turns them into frozen
+dataclasses and rejects bad values with a message naming the key (and the environment variable that feeds it) and
+the fix, before Ray or any GPU work starts. Pure Python: it takes plain mappings (``OmegaConf.to_container``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .core.estimates import parse_statistic
+
+SAMPLER_CLASS_PATH = "pkg://recipe.adapter.sampler"
+SAMPLER_CLASS_NAME = "LengthAwareEpochSampler"
+
+# Hydra key -> environment variable that feeds it (for error messages; scripts/train_grpo.sh sets the keys).
+ENV_OF_KEY = {
+    "recipe.cap.enable": "VLLM_ROLLOUT_EARLY_STOP_ENABLE",
+    "recipe.cap.factor": "VLLM_ROLLOUT_EARLY_STOP_FACTOR",
+    "recipe.cap.min_tokens": "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS",
+    "recipe.cap.mode": "VLLM_ROLLOUT_EARLY_STOP_MODE",
+    "recipe.over_sample.enable": "OVER_SAMPLE_ENABLE",
+    "recipe.over_sample.ratio": "OVER_SAMPLE_RATIO",
+    "data.sampler.bucket_size": "SAMPLER_BUCKET_SIZE",
+    "data.sampler.ema_decay": "SAMPLER_EMA_DECAY",
+    "data.sampler.shuffle_batch_blocks": "SAMPLER_SHUFFLE_BATCH_BLOCKS",
+    "data.sampler.statistic": "SAMPLER_STATISTIC",
+}
+
+
+class RecipeConfigError(ValueError):
+    """A recipe setting is invalid; the message names the key, the env var behind it and the fix."""
+
+
+def _where(key: str) -> str:
+    env = ENV_OF_KEY.get(key)
+    return f"{key} (env {env})" if env else key
+
+
+def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def as_bool(value: Any, key: str) -> bool:
+    """Accept true/false and the 0/1 switches users set through environment variables."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("0", "1", "true", "false"):
+        return value.strip().lower() in ("1", "true")
+    raise RecipeConfigError(f"{_where(key)} must be 0/1 or true/false, got {value!r}")
+
+
+def as_int(value: Any, key: str, *, minimum: int | None = None) -> int:
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        out = int(str(value).strip()) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise RecipeConfigError(f"{_where(key)} must be an integer, got {value!r}") from None
+    if minimum is not None and out < minimum:
+        raise RecipeConfigError(f"{_where(key)} must be >= {minimum}, got {out}")
+    return out
+
+
+def as_float(value: Any, key: str, *, low: float | None = None, high: float | None = None,
+             low_open: bool = False) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        out = float(value)
+    except (TypeError, ValueError):
+        raise RecipeConfigError(f"{_where(key)} must be a number, got {value!r}") from None
+    if out != out:  # NaN
+        raise RecipeConfigError(f"{_where(key)} must be a number, got NaN")
+    if low is not None and (out < low or (low_open and out == low)):
+        raise RecipeConfigError(f"{_where(key)} must be {'>' if low_open else '>='} {low}, got {out}")
+    if high is not None and out > high:
+        raise RecipeConfigError(f"{_where(key)} must be <= {high}, got {out}")
+    return out
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    enabled: bool
+    bucket_size: float
+    ema_decay: float
+    shuffle_batch_blocks: bool
+    statistic: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class CapSettings:
+    enabled: bool
+    mode: str  # seed | calibrated
+    factor: float
+    min_tokens: int
+    quantile: float
+    history_epochs: int
+    align: int
+    calibrated_min_tokens: int
+
+    def policy_kwargs(self) -> dict:
+        if self.mode == "seed":
+            return {"factor": self.factor, "min_tokens": self.min_tokens}
+        return {"quantile": self.quantile, "history_epochs": self.history_epochs, "align": self.align,
+                "min_tokens": self.calibrated_min_tokens}
+
+
+@dataclass(frozen=True)
+class OverSampleSettings:
+    enabled: bool
+    ratio: float
+    requeue: str  # restart | continue
+    mask_stale_tokens: bool
+    abort_events: bool
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    enabled: bool
+    path: str | None
+
+
+@dataclass(frozen=True)
+class RecipeSettings:
+    sampler: SamplerSettings
+    cap: CapSettings
+    over_sample: OverSampleSettings
+    traces: TraceSettings
+    response_length: int
+    batch_size: int  # prompts per dataloader fetch: data.gen_batch_size or data.train_batch_size
+    train_batch_size: int
+
+
+def parse_sampler(cfg: Mapping) -> SamplerSettings:
+    s = _get(cfg, "data.sampler", {}) or {}
+    class_path = s.get("class_path")
+    class_name = s.get("class_name")
+    enabled = class_path not in (None, "", "null")
+    if enabled and (class_path != SAMPLER_CLASS_PATH or class_name != SAMPLER_CLASS_NAME):
+        raise RecipeConfigError(
+            f"data.sampler.class_path/class_name = {class_path!r}/{class_name!r}: this recipe provides only "
+            f"{SAMPLER_CLASS_PATH!r}/{SAMPLER_CLASS_NAME!r}; set data.sampler.class_path=null for verl's own sampler"
+        )
+    statistic = str(s.get("statistic", "mean"))
+    try:
+        parse_statistic(statistic)
+    except ValueError as e:
+        raise RecipeConfigError(f"{_where('data.sampler.statistic')}: {e}") from None
+    out = SamplerSettings(
+        enabled=enabled,
+        bucket_size=as_float(s.get("bucket_size", 1024), "data.sampler.bucket_size", low=0, low_open=True),
+        ema_decay=as_float(s.get("ema_decay", 0.7), "data.sampler.ema_decay", low=0.0, high=0.999),
+        shuffle_batch_blocks=as_bool(s.get("shuffle_batch_blocks", True), "data.sampler.shuffle_batch_blocks"),
+        statistic=statistic,
+        seed=as_int(s.get("seed", 0) if s.get("seed") is not None else 0, "data.sampler.seed"),
+    )
+    if enabled:
+        if as_bool(_get(cfg, "data.shuffle", False), "data.shuffle"):
+            raise RecipeConfigError(
+                "data.shuffle=True with the length-aware sampler: the sampler decides the order; set data.shuffle=False"
+            )
+        workers = as_int(_get(cfg, "data.dataloader_num_workers", 0), "data.dataloader_num_workers", minimum=0)
+        if workers != 0:
+            raise RecipeConfigError(
+                f"data.dataloader_num_workers={workers} with the length-aware sampler: worker processes hold stale "
+                "copies of the sampler (its estimates change every step); set data.dataloader_num_workers=0"
+            )
+    return out
+
+
+def parse_cap(cfg: Mapping, sampler_enabled: bool) -> CapSettings:
+    c = _get(cfg, "recipe.cap", {}) or {}
+    cal = c.get("calibrated", {}) or {}
+    mode = str(c.get("mode", "seed"))
+    if mode not in ("seed", "calibrated"):
+        raise RecipeConfigError(f"{_where('recipe.cap.mode')} must be 'seed' or 'calibrated', got {mode!r}")
+    out = CapSettings(
+        enabled=as_bool(c.get("enable", False), "recipe.cap.enable"),
+        mode=mode,
+        factor=as_float(c.get("factor", 2.0), "recipe.cap.factor", low=0, low_open=True),
+        min_tokens=as_int(c.get("min_tokens", 10000), "recipe.cap.min_tokens", minimum=1),
+        quantile=as_float(cal.get("quantile", 0.95), "recipe.cap.calibrated.quantile", low=0, high=1, low_open=True),
+        history_epochs=as_int(cal.get("history_epochs", 3), "recipe.cap.calibrated.history_epochs", minimum=1),
+        align=as_int(cal.get("align", 512), "recipe.cap.calibrated.align", minimum=1),
+        calibrated_min_tokens=as_int(cal.get("min_tokens", 4096), "recipe.cap.calibrated.min_tokens", minimum=1),
+    )
+    if out.enabled and not sampler_enabled:
+        raise RecipeConfigError(
+            f"{_where('recipe.cap.enable')}=1 but the length-aware sampler is off (data.sampler.class_path=null): "
+            "the cap needs its length estimates; enable the sampler or set recipe.cap.enable=0"
+        )
+    return out
+
+
+def parse_over_sample(cfg: Mapping, sampler_enabled: bool) -> OverSampleSettings:
+    o = _get(cfg, "recipe.over_sample", {}) or {}
+    out = OverSampleSettings(
+        enabled=as_bool(o.get("enable", False), "recipe.over_sample.enable"),
+        ratio=as_float(o.get("ratio", 0.25), "recipe.over_sample.ratio", low=0.0, high=4.0),
+        requeue=str(o.get("requeue", "restart")),
+        mask_stale_tokens=as_bool(o.get("mask_stale_tokens", False), "recipe.over_sample.mask_stale_tokens"),
+        abort_events=as_bool(o.get("abort_events", False), "recipe.over_sample.abort_events"),
+    )
+    if out.requeue not in ("restart", "continue"):
+        raise RecipeConfigError(f"recipe.over_sample.requeue must be 'restart' or 'continue', got {out.requeue!r}")
+    if out.enabled and out.ratio <= 0:
+        raise RecipeConfigError(
+            f"{_where('recipe.over_sample.enable')}=1 with {_where('recipe.over_sample.ratio')}={out.ratio}: "
+            "set a ratio > 0 (e.g. 0.25) or disable over-sampling"
+        )
+    if out.enabled and not sampler_enabled:
+        raise RecipeConfigError(
+            f"{_where('recipe.over_sample.enable')}=1 needs the length-aware sampler (aborted prompts are re-queued "
+            "into its epoch order); enable data.sampler or set recipe.over_sample.enable=0"
+        )
+    return out
+
+
+def parse_settings(cfg: Mapping) -> RecipeSettings:
+    """Parse and cross-check the recipe keys of a resolved config (a plain nested dict)."""
+    sampler = parse_sampler(cfg)
+    response_length = as_int(_get(cfg, "actor_rollout_ref.rollout.response_length",
+                                  _get(cfg, "data.max_response_length")),
+                             "actor_rollout_ref.rollout.response_length", minimum=1)
+    train_bs = as_int(_get(cfg, "data.train_batch_size"), "data.train_batch_size", minimum=1)
+    gen_bs = _get(cfg, "data.gen_batch_size")
+    batch_size = train_bs if gen_bs in (None, 0) else as_int(gen_bs, "data.gen_batch_size", minimum=1)
+    if train_bs % batch_size:
+        raise RecipeConfigError(
+            f"data.train_batch_size={train_bs} is not a multiple of data.gen_batch_size={batch_size}: verl fetches "
+            "whole gen batches per step; make gen_batch_size divide train_batch_size"
+        )
+    t = _get(cfg, "recipe.traces", {}) or {}
+    return RecipeSettings(
+        sampler=sampler,
+        cap=parse_cap(cfg, sampler.enabled),
+        over_sample=parse_over_sample(cfg, sampler.enabled),
+        traces=TraceSettings(enabled=as_bool(t.get("enable", True), "recipe.traces.enable"), path=t.get("path")),
+        response_length=response_length,
+        batch_size=batch_size,
+        train_batch_size=train_bs,
+    )
