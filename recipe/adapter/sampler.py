@@ -43,7 +43,9 @@ class LengthAwareEpochSampler(Sampler[int]):
     """Yields row indices: seeded random order in the first epoch, length-sorted (bucketed) order afterwards.
 
     ``extra_state`` is carried in the checkpoint with the sampler, for driver-side state that must resume with it
-    (the calibrated cap's ratio history, the over-sample re-queue).
+    (the calibrated cap's ratio history, the over-sample re-queue). torchdata applies a loaded state only when the
+    dataloader is next iterated (verl's first batch fetch, after ``on_init_end``), so owners of that state collect
+    it with ``consume_restored_extra_state`` after fetching.
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class LengthAwareEpochSampler(Sampler[int]):
         )
         self.extra_state: dict[str, Any] = {}
         self._resume_pending = False
+        self._restored_extra: dict[str, Any] | None = None
 
     @classmethod
     def from_settings(cls, data_source, settings) -> "LengthAwareEpochSampler":
@@ -118,4 +121,10 @@ class LengthAwareEpochSampler(Sampler[int]):
             )
         self.plan.load_state_dict(state["plan"])
         self.extra_state = dict(state.get("extra", {}))
+        self._restored_extra = dict(self.extra_state)
         self._resume_pending = True
+
+    def consume_restored_extra_state(self) -> dict[str, Any] | None:
+        """The extra state of the last checkpoint load, once (None when nothing was loaded since)."""
+        restored, self._restored_extra = self._restored_extra, None
+        return restored

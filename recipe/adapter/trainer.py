@@ -70,15 +70,15 @@ class LengthAwareTrainer(PPOTrainerSync):
             sampler=self.length_sampler,
         )
 
-    def on_init_end(self):
-        # _load_checkpoint has run: bring the cap policy back from the sampler state saved in data.pt.
-        if self.cap_policy is not None and self.length_sampler is not None:
-            state = self.length_sampler.extra_state.get(CAP_STATE_KEY)
-            if state is not None:
-                self.cap_policy.load_state_dict(state)
-        super().on_init_end()
-
     # -- per-batch cap ---------------------------------------------------------------------------------------------
+    def _restore_cap_policy(self) -> None:
+        """After a resume, the sampler state (with the cap policy's) is applied at the first batch fetch."""
+        if self.length_sampler is None:
+            return
+        restored = self.length_sampler.consume_restored_extra_state()
+        if restored and self.cap_policy is not None and CAP_STATE_KEY in restored:
+            self.cap_policy.load_state_dict(restored[CAP_STATE_KEY])
+
     def batch_prediction_and_cap(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
         """Length predictions of the batch's rows (NaN where unseen) and the cap for the batch (0 = none)."""
         if self.length_sampler is None:
@@ -89,6 +89,7 @@ class LengthAwareTrainer(PPOTrainerSync):
 
     def _next_train_batch(self, num_prompts=None):
         batch = super()._next_train_batch(num_prompts)
+        self._restore_cap_policy()
         rows = column_to_numpy(batch[ROW_ID], dtype=np.int64)
         pred, cap = self.batch_prediction_and_cap(rows)
         batch[PREDICTION] = torch.as_tensor(pred, dtype=torch.float32)
@@ -98,20 +99,25 @@ class LengthAwareTrainer(PPOTrainerSync):
     # -- after each step -------------------------------------------------------------------------------------------
     def step(self, metrics, timing_raw):
         batch = super().step(metrics, timing_raw)
-        keys = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
-        if keys:
-            data = tq.kv_batch_get(
-                keys=keys, partition_id=batch.partition_id, select_fields=[ROW_ID, "response_mask", CAP, PREDICTION]
-            )
-            resp = StepResponses(
-                rows=column_to_numpy(data[ROW_ID], dtype=np.int64),
-                lengths=row_sums(data["response_mask"]),
-                caps=column_to_numpy(data[CAP], dtype=np.int64),
-                predicted=column_to_numpy(data[PREDICTION], dtype=np.float64),
-                response_length=self.settings.response_length,
-            )
-            metrics.update(self.observe(resp, gen_time_s=float(timing_raw.get("gen", 0.0))))
+        metrics.update(self.observe_batch(batch, gen_time_s=float(timing_raw.get("gen", 0.0))))
         return batch
+
+    def observe_batch(self, batch, gen_time_s: float) -> dict:
+        """Read the step's trained responses back from TransferQueue (padding rows skipped) and observe them."""
+        keys = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+        if not keys:
+            return {}
+        data = tq.kv_batch_get(
+            keys=keys, partition_id=batch.partition_id, select_fields=[ROW_ID, "response_mask", CAP, PREDICTION]
+        )
+        resp = StepResponses(
+            rows=column_to_numpy(data[ROW_ID], dtype=np.int64),
+            lengths=row_sums(data["response_mask"]),
+            caps=column_to_numpy(data[CAP], dtype=np.int64),
+            predicted=column_to_numpy(data[PREDICTION], dtype=np.float64),
+            response_length=self.settings.response_length,
+        )
+        return self.observe(resp, gen_time_s=gen_time_s)
 
     def observe(self, resp: StepResponses, gen_time_s: float) -> dict:
         """Update estimates and cap calibration from one step's responses; return the step's recipe metrics."""

@@ -1,0 +1,94 @@
+"""Comparison plots. Each ``plot_*`` returns a Figure (so tests can read back exactly what was drawn);
+``write_plots`` saves them as PNG.
+
+Figures are built on the Agg canvas directly instead of through pyplot: no global backend switch, no display
+needed, and nothing to close.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from recipe.report.load import Run
+from recipe.report.summary import GEN_TIME, RESPONSE_MAX, RESPONSE_MEAN, STEP_TIME, cap_per_step, series
+
+HIST_BINS = 50
+
+
+def _figure(nrows: int = 1, height: float = 4.0) -> tuple[Figure, list]:
+    fig = Figure(figsize=(9, height * nrows), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, [fig.add_subplot(nrows, 1, i + 1) for i in range(nrows)]
+
+
+def plot_times(runs: list[Run]) -> Figure:
+    """Generation time (``timing_s/gen``) and step time (``timing_s/step``) per step, one line per run."""
+    fig, axes = _figure(2, 3.5)
+    for ax, key, title in ((axes[0], GEN_TIME, "generation time per step"), (axes[1], STEP_TIME, "step time")):
+        for run in runs:
+            s = series(run, key)
+            ax.plot(s.index.to_numpy(), s.to_numpy(), marker=".", label=run.name)
+        ax.set_title(f"{title} ({key})")
+        ax.set_xlabel("step")
+        ax.set_ylabel("seconds")
+        ax.legend()
+    return fig
+
+
+def plot_response_lengths(runs: list[Run]) -> Figure:
+    """Response-length distributions: histograms over all responses (shared bins, fraction of responses) when every
+    run has traces, else per-step mean (solid) and max (dashed) from verl's ``response_length/*`` metrics."""
+    fig, (ax,) = _figure()
+    if all(run.traces is not None and not run.traces.empty for run in runs):
+        lengths = [run.traces["response_length"].to_numpy() for run in runs]
+        edges = np.histogram_bin_edges(np.concatenate(lengths), bins=HIST_BINS)
+        for run, x in zip(runs, lengths):
+            counts, _ = np.histogram(x, bins=edges)
+            ax.stairs(counts / len(x), edges, label=run.name)
+        ax.set_title("response length distribution (length traces)")
+        ax.set_xlabel("response length [tokens]")
+        ax.set_ylabel("fraction of responses")
+    else:
+        for i, run in enumerate(runs):
+            color = f"C{i}"
+            for key, style, stat in ((RESPONSE_MEAN, "-", "mean"), (RESPONSE_MAX, "--", "max")):
+                s = series(run, key)
+                ax.plot(s.index.to_numpy(), s.to_numpy(), style, color=color, label=f"{run.name} {stat}")
+        ax.set_title("response length per step (response_length/mean, /max)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("tokens")
+    ax.legend()
+    return fig
+
+
+def plot_cap(runs: list[Run]) -> Figure:
+    """Response cap per step (gaps where it is off) with each run's longest response per step for reference."""
+    fig, (ax,) = _figure()
+    for i, run in enumerate(runs):
+        cap = cap_per_step(run)
+        ax.plot(cap.index.to_numpy(), cap.to_numpy(), color=f"C{i}", marker=".", label=f"{run.name} cap")
+        longest = series(run, RESPONSE_MAX)
+        ax.plot(longest.index.to_numpy(), longest.to_numpy(), ":", color=f"C{i}", label=f"{run.name} max length")
+    ax.set_title("response cap per step (rollout/response_max_tokens_cap; gaps = off)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens")
+    ax.legend()
+    return fig
+
+
+PLOTS = {"time_per_step.png": plot_times, "response_length.png": plot_response_lengths, "cap.png": plot_cap}
+
+
+def write_plots(runs: list[Run], out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Save every plot under ``out_dir`` (created if needed); returns file name -> path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, plot in PLOTS.items():
+        paths[name] = out / name
+        plot(runs).savefig(paths[name])
+    return paths

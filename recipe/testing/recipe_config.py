@@ -1,0 +1,39 @@
+"""The recipe config (configs/length_aware_grpo.yaml) composed for the tiny local artifacts, for CPU tests."""
+from __future__ import annotations
+
+TRAIN_BATCH = 8
+ROLLOUT_N = 2
+RESPONSE_LENGTH = 64
+
+
+def compose_recipe(artifacts, overrides=()):
+    """Compose and resolve the recipe config on the tiny model/data: 1 GPU worth of parallelism, small batches,
+    response_length 64 and a cap floor of 16 tokens so caps can bite. ``overrides`` come last and win."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from recipe.main import CONFIGS_DIR
+
+    with initialize_config_dir(config_dir=CONFIGS_DIR, version_base=None):
+        cfg = compose("length_aware_grpo", overrides=[
+            f"actor_rollout_ref.model.path={artifacts.model_dir}",
+            f"data.train_files={artifacts.train_parquet}",
+            f"data.val_files={artifacts.test_parquet}",
+            "data.max_prompt_length=256",
+            f"data.max_response_length={RESPONSE_LENGTH}",
+            f"data.train_batch_size={TRAIN_BATCH}",
+            f"data.gen_batch_size={TRAIN_BATCH}",
+            f"actor_rollout_ref.rollout.n={ROLLOUT_N}",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+            "algorithm.adv_estimator=grpo",
+            "trainer.n_gpus_per_node=1",
+            "trainer.nnodes=1",
+            "recipe.cap.min_tokens=16",
+            *overrides,
+        ])
+    OmegaConf.resolve(cfg)
+    return cfg

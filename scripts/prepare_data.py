@@ -1,0 +1,217 @@
+"""Convert GSM8K, DAPO-Math-17k or DeepScaleR records into verl's RL parquet, all with one boxed-answer prompt.
+
+    python scripts/prepare_data.py --dataset {gsm8k,dapo-math-17k,deepscaler} --input FILE(.jsonl|.json|.parquet) \
+        --output OUT.parquet [--split-test N --test-output TEST.parquet] [--limit N] [--dedup] [--overwrite]
+
+Every row gets the same instruction (reason step by step, final answer in ``\\boxed{}``) so that one reward
+(``reward/math_reward.py``) and one response-length budget fit all three sources; DAPO's own "Answer: $Answer"
+wrapper is removed rather than stacked under ours. Output columns: ``data_source``, ``prompt`` (one user
+message), ``ability`` ("math"), ``reward_model`` {"style": "rule", "ground_truth"}, ``extra_info`` {"index"
+(row number in its file), "split", "question", "answer", plus "source_id" (DAPO's uuid) or "solution"
+(DeepScaleR)}. Nothing is dropped unless asked (``--dedup``: the published DAPO-Math-17k file repeats each of its
+~17.9k problems about 100 times); the summary line says what happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import numbers
+import random
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+# DAPO-Math-17k wraps every problem as PREFIX + "\n\n" + problem + "\n\n" + SUFFIX.
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem."
+)
+DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
+
+
+class InputError(Exception):
+    """The input does not have the shape of the chosen dataset; the message names the file, row and column."""
+
+
+def make_prompt(problem: str) -> list[dict]:
+    return [{"role": "user", "content": f"{problem.strip()}\n\n{INSTRUCTION}"}]
+
+
+def _field(record: dict, column: str, where: str):
+    """``record[column]``, where ``column`` may be dotted (``reward_model.ground_truth``) into nested dicts."""
+    value = record
+    for key in column.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise InputError(f"{where}: missing column '{column}' (columns present: {sorted(map(str, record))})")
+        value = value[key]
+    return value
+
+
+def _text(record: dict, column: str, where: str) -> str:
+    value = _field(record, column, where)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{where}: column '{column}' must be a non-empty string, got {value!r:.80}")
+    return value.strip()
+
+
+def convert_gsm8k(record: dict, where: str) -> dict:
+    question, answer = _text(record, "question", where), _text(record, "answer", where)
+    if "####" not in answer:
+        raise InputError(f"{where}: column 'answer' has no '#### <number>' final line")
+    ground_truth = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    return {
+        "data_source": "openai/gsm8k",
+        "problem": question,
+        "ground_truth": ground_truth,
+        "extra": {"question": question, "answer": answer},
+    }
+
+
+def convert_dapo(record: dict, where: str) -> dict:
+    messages = _field(record, "prompt", where)
+    if hasattr(messages, "tolist"):  # parquet gives a numpy array of dicts
+        messages = messages.tolist()
+    if not isinstance(messages, list) or len(messages) != 1 or not isinstance(messages[0], dict):
+        raise InputError(f"{where}: column 'prompt' must be a list with exactly one message dict")
+    content = _text(messages[0], "content", f"{where} prompt[0]")
+    if not (content.startswith(DAPO_PREFIX) and content.endswith(DAPO_SUFFIX)):
+        raise InputError(f"{where}: column 'prompt' is not in DAPO-Math-17k's 'Solve the following ...' template")
+    problem = content[len(DAPO_PREFIX) : -len(DAPO_SUFFIX)].strip()
+    if not problem:
+        raise InputError(f"{where}: column 'prompt' holds the DAPO template with no problem in it")
+    ground_truth = _text(record, "reward_model.ground_truth", where)
+    source_id = str(_field(record, "extra_info.index", where))
+    return {
+        "data_source": "BytedTsinghua-SIA/DAPO-Math-17k",
+        "problem": problem,
+        "ground_truth": ground_truth,
+        "extra": {"question": problem, "answer": ground_truth, "source_id": source_id},
+    }
+
+
+def convert_deepscaler(record: dict, where: str) -> dict:
+    problem, answer = _text(record, "problem", where), _text(record, "answer", where)
+    solution = _field(record, "solution", where)
+    return {
+        "data_source": "agentica-org/DeepScaleR-Preview-Dataset",
+        "problem": problem,
+        "ground_truth": answer,
+        "extra": {"question": problem, "answer": answer, "solution": "" if solution is None else str(solution)},
+    }
+
+
+CONVERTERS = {"gsm8k": convert_gsm8k, "dapo-math-17k": convert_dapo, "deepscaler": convert_deepscaler}
+
+
+def read_records(path: Path) -> list[dict]:
+    """Records from JSON lines, a JSON list (or JSON lines named .json, as ``datasets.to_json`` writes), or
+    parquet. JSON is read with ``json`` rather than pandas so answers like "0.50" keep their exact text."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        records = pd.read_parquet(path).to_dict("records")
+    elif suffix in (".json", ".jsonl"):
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+        records = data if isinstance(data, list) else [data]
+    else:
+        raise InputError(f"{path}: unsupported extension '{path.suffix}' (expected .jsonl, .json or .parquet)")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise InputError(f"{path} row {i}: expected an object with columns, got {type(record).__name__}")
+    return records
+
+
+def to_verl_rows(converted: list[dict], split: str) -> list[dict]:
+    return [
+        {
+            "data_source": c["data_source"],
+            "prompt": make_prompt(c["problem"]),
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": c["ground_truth"]},
+            "extra_info": {"index": i, "split": split, **c["extra"]},
+        }
+        for i, c in enumerate(converted)
+    ]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", required=True, choices=sorted(CONVERTERS))
+    parser.add_argument("--input", required=True, type=Path, help=".jsonl, .json or .parquet")
+    parser.add_argument("--output", required=True, type=Path, help="train parquet")
+    parser.add_argument("--split-test", type=int, default=0, metavar="N", help="hold out N random rows as test")
+    parser.add_argument("--test-output", type=Path, help="test parquet (required with --split-test)")
+    parser.add_argument("--limit", type=int, metavar="N", help="use only the first N input rows")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the --split-test sample")
+    parser.add_argument("--dedup", action="store_true", help="drop repeated (problem, ground truth) pairs")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    args = parser.parse_args(argv)
+    if args.split_test < 0 or (args.limit is not None and args.limit < 1):
+        parser.error("--split-test must be >= 0 and --limit >= 1")
+    if bool(args.split_test) != bool(args.test_output):
+        parser.error("--split-test N and --test-output FILE go together")
+    outputs = [args.output] + ([args.test_output] if args.test_output else [])
+    if len({p.resolve() for p in outputs + [args.input]}) != len(outputs) + 1:
+        parser.error("--input, --output and --test-output must be different files")
+    for out in outputs:
+        if out.exists() and not args.overwrite:
+            parser.error(f"{out} exists; pass --overwrite to replace it")
+    if not args.input.is_file():
+        parser.error(f"input file not found: {args.input}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        records = read_records(args.input)
+        n_file = len(records)
+        records = records[: args.limit]
+        convert = CONVERTERS[args.dataset]
+        converted = [convert(r, f"{args.input} row {i} (--dataset {args.dataset})") for i, r in enumerate(records)]
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+    n_in = len(converted)
+    if args.dedup:
+        kept, seen = [], set()
+        for c in converted:
+            key = (c["problem"], c["ground_truth"])
+            if key not in seen:
+                seen.add(key)
+                kept.append(c)
+        converted = kept
+    if args.split_test >= len(converted):
+        print(f"error: --split-test {args.split_test} leaves no training rows out of {len(converted)}", file=sys.stderr)
+        return 1
+
+    test_ids = set(random.Random(args.seed).sample(range(len(converted)), args.split_test))
+    train = [c for i, c in enumerate(converted) if i not in test_ids]
+    test = [c for i, c in enumerate(converted) if i in test_ids]
+    for out in (args.output, args.test_output):
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(to_verl_rows(train, "train")).to_parquet(args.output, index=False)
+    limited = f" (first {n_in} of {n_file})" if n_in < n_file else ""
+    summary = f"{args.dataset}: rows in {n_in}{limited}, rows out {len(train)} -> {args.output}"
+    if test:
+        pd.DataFrame(to_verl_rows(test, "test")).to_parquet(args.test_output, index=False)
+        summary += f" + {len(test)} -> {args.test_output}"
+    if args.dedup:
+        summary += f"; --dedup dropped {n_in - len(converted)}"
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

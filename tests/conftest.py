@@ -1,0 +1,65 @@
+"""Session fixtures shared by all tests: tiny local artifacts, verl's composed config, one in-process vLLM engine.
+
+``scripts/test.sh`` sources ``scripts/lib/cpu_env.sh``; the defaults below make a plain ``python -m pytest`` work too
+(no hub access on these machines, and forked tokenizers would warn or deadlock).
+"""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+import pytest  # noqa: E402
+
+# Tiny prompts are ~60 tokens: these lengths keep agent-loop tests fast while leaving room for long aborted requests.
+PROMPT_LENGTH, RESPONSE_LENGTH, ENGINE_MAX_MODEL_LEN = 256, 64, 2048
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that use the engine are ``engine`` tests even if they forget the marker (``-m "not engine"`` works)."""
+    for item in items:
+        if "vllm_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts():
+    """Tiny Qwen3-MoE model dir (with tokenizer) and train/test parquet, built once per machine and cached."""
+    from recipe.testing.tiny import tiny_artifacts as build
+
+    return build()
+
+
+@pytest.fixture(scope="session")
+def verl_config(tiny_artifacts):
+    """verl's own ``ppo_megatron_trainer`` config composed with Hydra and pointed at the tiny artifacts.
+
+    Composed rather than hand-written so tests follow verl's real defaults. Shared by the session: treat it as
+    read-only (``copy.deepcopy`` before changing it).
+    """
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose("ppo_megatron_trainer", overrides=[
+            f"actor_rollout_ref.model.path={tiny_artifacts.model_dir}",
+            f"data.train_files={tiny_artifacts.train_parquet}",
+            f"data.val_files={tiny_artifacts.test_parquet}",
+            f"data.max_prompt_length={PROMPT_LENGTH}",
+            f"data.max_response_length={RESPONSE_LENGTH}",
+            "data.filter_overlong_prompts=True",
+            "actor_rollout_ref.rollout.name=vllm",
+            f"actor_rollout_ref.rollout.max_model_len={ENGINE_MAX_MODEL_LEN}",
+        ])
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_artifacts):
+    """One in-process vLLM CPU engine on the tiny model per session (startup ~25-60 s); shut down at the end."""
+    from recipe.testing.vllm_engine import InProcessVLLM
+
+    engine = InProcessVLLM(tiny_artifacts.model_dir, max_model_len=ENGINE_MAX_MODEL_LEN, max_num_seqs=32, seed=0)
+    engine.run(engine.generate_forced([[0, 1]], [8]))  # the first request pays a one-off warmup (3-20 s)
+    yield engine
+    engine.shutdown()

@@ -1,0 +1,200 @@
+"""Contract tests: every verl 0.9.1 hook the recipe uses, pinned. A failure names what to re-check on upgrade."""
+import importlib.metadata
+
+import pytest
+
+from recipe.adapter.contract import (
+    HookContractError,
+    check_module_source,
+    check_order,
+    check_params,
+    check_source,
+    resolve,
+)
+
+BASE = "verl.trainer.ppo.v1.trainer_base:PPOTrainer"
+SYNC = "verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync"
+
+PARAMS = [
+    # trainer hooks overridden by recipe/adapter/trainer.py
+    (f"{BASE}._init_dataloader", ["self"], "LengthAwareTrainer._init_dataloader (rebuilds the train dataloader)"),
+    (f"{BASE}.step", ["self", "metrics", "timing_raw"], "LengthAwareTrainer.step"),
+    (f"{BASE}._next_train_batch", ["self", "num_prompts"], "LengthAwareTrainer._next_train_batch (cap injection)"),
+    (f"{BASE}.__init__", ["self", "config"], "LengthAwareTrainer.__init__"),
+    (f"{SYNC}.on_init_end", ["self"], "PPOTrainerSync hooks used by the trainer subclass"),
+    (f"{SYNC}.on_sample_end", ["self"], "over-sample abort before replicas sleep"),
+    (f"{SYNC}.on_step_end", ["self"], "over-sample resume after weights update"),
+    # entry point
+    ("verl.trainer.main_ppo:run_ppo", ["config", "task_runner_class"], "recipe/main.py"),
+    ("verl.trainer.main_ppo:TaskRunnerV1.__ray_actor_class__.run", ["self", "config"], "recipe/adapter/task_runner.py"),
+    ("verl.utils.config:validate_config", ["config", "use_reference_policy", "use_critic"], "recipe/main.py"),
+    # dataset
+    ("verl.utils.dataset.rl_dataset:RLHFDataset.__init__",
+     ["self", "data_files", "tokenizer", "config", "processor", "max_samples"], "recipe/adapter/dataset.py"),
+    ("verl.utils.dataset.rl_dataset:RLHFDataset.__getitem__", ["self", "item"], "recipe/adapter/dataset.py"),
+    ("verl.utils.dataset.rl_dataset:RLHFDataset._read_files_and_tokenize", ["self"], "recipe/adapter/dataset.py"),
+    ("verl.utils.dataset.rl_dataset:collate_fn", ["data_list"], "the rebuilt train dataloader"),
+    # agent loop
+    ("verl.experimental.agent_loop.single_turn_agent_loop:SingleTurnAgentLoop.run",
+     ["self", "sampling_params", "priority", "**kwargs"], "recipe/adapter/agent_loop.py"),
+    # abort / resume for over-sampling
+    ("verl.checkpoint_engine.base:CheckpointEngineManager.abort_replicas", ["self", "reject_request"],
+     "the over-sample abort path"),
+    ("verl.checkpoint_engine.base:CheckpointEngineManager.resume_generation_replicas", ["self"],
+     "the over-sample resume path"),
+    # TransferQueue reads in step()
+    ("transfer_queue:kv_batch_get", ["keys", "partition_id", "select_fields"], "LengthAwareTrainer.observe_batch"),
+]
+
+
+@pytest.mark.parametrize("path,params,recheck", PARAMS, ids=[p[0].split(":")[1] for p in PARAMS])
+def test_hook_signature(path, params, recheck):
+    check_params(path, params, recheck)
+
+
+def test_verl_version_is_the_pinned_one():
+    assert importlib.metadata.version("verl") == "0.9.1", "tests/contract pins verl 0.9.1: re-run them all on upgrade"
+
+
+def test_sync_trainer_is_registered_and_selected_by_mode():
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    assert trainer_base.TRAINER_REGISTRY.get("sync") is PPOTrainerSync, "recipe/adapter/task_runner.py maps 'sync'"
+    check_source("verl.trainer.main_ppo:TaskRunnerV1.__ray_actor_class__.run",
+                 ["get_trainer_cls(config.trainer.v1.trainer_mode)"], "recipe/adapter/task_runner.py")
+    check_source("verl.trainer.ppo.v1.trainer_base:get_trainer_cls", ["TRAINER_REGISTRY[name]"],
+                 "recipe/adapter/task_runner.py")
+
+
+def test_dataloader_is_built_before_checkpoint_load():
+    check_order(f"{BASE}._setup", "self._init_dataloader()", "self._load_checkpoint()",
+                "sampler state restore into the rebuilt dataloader")
+    check_source(f"{BASE}._load_checkpoint", ["self.train_dataloader.load_state_dict(", "data.pt"],
+                 "sampler state restore from data.pt")
+    check_source(f"{BASE}._save_checkpoint", ["torch.save(self.train_dataloader.state_dict()"],
+                 "sampler state saved with each checkpoint")
+
+
+def test_step_runs_before_the_checkpoint_save():
+    check_order(f"{BASE}.fit", "batch = self.step(", "self._save_checkpoint()",
+                "estimate updates in step() must be saved with the same step")
+    check_order(f"{BASE}.fit", "self._compute_metrics(batch", "tq.kv_clear(keys=batch.keys",
+                "observe_batch reads TransferQueue before fit clears it")
+
+
+def test_train_batches_flow_through_next_train_batch():
+    check_source(f"{BASE}._add_batch_to_generate", ["self._next_train_batch()"], "cap injection")
+    check_source(f"{BASE}._add_prompts_to_generate", ["self._next_train_batch(num_prompts)"], "cap injection")
+    check_source(f"{BASE}._fetch_one_gen_batch", ["next(self.train_dataloader_it)", "iter(self.train_dataloader)"],
+                 "the sampler's epoch handling")
+
+
+def test_row_fields_reach_agent_loop_and_transfer_queue():
+    worker = "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ.__ray_actor_class__"
+    check_source(f"{worker}.generate_sequences", ["prompt[k] = v[i]", "NonTensorStack"],
+                 "per-row cap/prediction fields passed as agent-loop kwargs")
+    check_source(f"{worker}._agent_loop_postprocess", ["field.update(kwargs)"],
+                 "dataset_item_idx/cap/prediction stored with each trajectory")
+    check_source(f"{worker}._run_prompt", ["dict(sampling_params)"], "sampling_params shared by a prompt's n runs")
+
+
+def test_agent_loop_registration_through_config_path():
+    check_source("verl.experimental.agent_loop.agent_loop:AgentLoopWorker.__init__",
+                 ["agent_loop_config_path", "_agent_loop_registry[agent_loop_config.name] = agent_loop_config"],
+                 "configs/agent_loops.yaml registration")
+    check_source("verl.experimental.agent_loop.agent_loop:AgentLoopWorker._run_agent_loop",
+                 ["hydra.utils.instantiate", "await agent_loop.run(sampling_params, **kwargs)"],
+                 "CappedSingleTurnAgentLoop instantiation")
+    from verl.workers.config import AgentLoopConfig
+
+    fields = AgentLoopConfig.__dataclass_fields__
+    assert "agent_loop_config_path" in fields and "default_agent_loop" in fields
+
+
+def test_vllm_server_honours_per_request_max_tokens():
+    check_module_source("verl.workers.rollout.vllm_rollout.vllm_async_server",
+                        ['sampling_params.pop("max_tokens")', "SamplingParams(max_tokens=max_tokens"],
+                        "the cap reaches vLLM as max_tokens")
+
+
+def test_vllm_server_abort_api():
+    check_module_source("verl.workers.rollout.vllm_rollout.vllm_async_server",
+                        ["async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool",
+                         "async def resume_generation(self)"], "over-sample abort/resume")
+    from verl.workers.rollout.replica import TokenOutput
+
+    assert {"token_ids", "log_probs", "stop_reason", "extra_fields"} <= set(TokenOutput.model_fields)
+
+
+def test_custom_dataset_class_hook():
+    check_source("verl.utils.dataset.rl_dataset:get_dataset_class", ["custom_cls", "load_extern_object"],
+                 "data.custom_cls plugging of LengthAwareRLHFDataset")
+    check_source("verl.utils.dataset.rl_dataset:RLHFDataset.resume_dataset_state", ["_read_files_and_tokenize()"],
+                 "train-set truncation re-applied on resume")
+
+
+def test_torchdata_sampler_state_protocol():
+    from torchdata.stateful_dataloader.sampler import _BatchSamplerIterator
+    from torchdata.stateful_dataloader.stateful import Stateful
+
+    from recipe.adapter.sampler import LengthAwareEpochSampler
+
+    assert issubclass(LengthAwareEpochSampler, Stateful)
+    check_source("torchdata.stateful_dataloader.sampler:_BatchSamplerIterator.state_dict",
+                 ["self.sampler.state_dict()"], "sampler state in data.pt")
+    check_order("torchdata.stateful_dataloader.sampler:_BatchSamplerIterator.load_state_dict",
+                "self.sampler.load_state_dict(", "self.sampler_iter = iter(self.sampler)",
+                "resume: load_state_dict before iter(), no fast-forward for a stateful sampler")
+    assert _BatchSamplerIterator is not None
+
+
+def test_file_logger_path_and_truncation():
+    check_source("verl.utils.tracking:FileLogger", ["VERL_FILE_LOGGER_PATH"], "scripts/train_grpo.sh log paths")
+
+
+# -- the checker itself must fail loudly --------------------------------------------------------------------------
+def test_checker_fails_when_a_hook_is_renamed(monkeypatch):
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    monkeypatch.setattr(PPOTrainer, "_next_train_batch_v2", PPOTrainer._next_train_batch, raising=False)
+    monkeypatch.delattr(PPOTrainer, "_next_train_batch")
+    with pytest.raises(HookContractError, match=r"_next_train_batch is gone.*"):
+        check_params(f"{BASE}._next_train_batch", ["self", "num_prompts"], "cap injection")
+
+
+def test_checker_fails_when_a_signature_changes(monkeypatch):
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    def step(self, metrics, timing_raw, extra):  # a hypothetical new signature
+        return None
+
+    monkeypatch.setattr(PPOTrainer, "step", step)
+    with pytest.raises(HookContractError, match=r"changed: parameters .*'extra'.*Re-check LengthAwareTrainer.step"):
+        check_params(f"{BASE}.step", ["self", "metrics", "timing_raw"], "LengthAwareTrainer.step")
+
+
+def test_checker_fails_when_a_behaviour_disappears(monkeypatch):
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    def _add_batch_to_generate(self):
+        return None
+
+    monkeypatch.setattr(PPOTrainer, "_add_batch_to_generate", _add_batch_to_generate)
+    with pytest.raises(HookContractError, match="no longer contains"):
+        check_source(f"{BASE}._add_batch_to_generate", ["self._next_train_batch()"], "cap injection")
+
+
+def test_resolve_reports_missing_module_attribute():
+    with pytest.raises(HookContractError, match="is gone"):
+        resolve("verl.trainer.ppo.v1.trainer_base:NoSuchTrainer")
+
+
+def test_recipe_package_is_not_shadowed_by_transfer_queue():
+    """TransferQueue installs a namespace dir named ``recipe``; the editable install must win from any cwd."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import recipe; print(recipe.__file__)"], cwd="/",
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("recipe/__init__.py"), out

@@ -1,0 +1,104 @@
+"""Length estimates: EMA convention, statistics, censoring."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recipe.core.estimates import LengthEstimates, reduce_groups
+
+
+def test_first_observation_initialises_then_ema_weights_old_value():
+    est = LengthEstimates(3, ema_decay=0.7)
+    est.update([0, 0, 1], [100, 300, 50])
+    assert est.value[0] == pytest.approx(200.0)
+    assert est.value[1] == pytest.approx(50.0)
+    assert np.isnan(est.value[2])
+    est.update([0, 0], [400, 400])
+    assert est.value[0] == pytest.approx(0.7 * 200 + 0.3 * 400)
+    assert est.count.tolist() == [2, 1, 0]
+
+
+@pytest.mark.parametrize("stat,expected", [("mean", 25.0), ("max", 40.0), ("median", 25.0), ("p90", 37.0)])
+def test_group_statistics(stat, expected):
+    obs = reduce_groups([5, 5, 5, 5], [10, 20, 30, 40], None, stat)
+    assert obs.rows.tolist() == [5]
+    assert obs.value[0] == pytest.approx(expected)
+
+
+def test_unknown_statistic_is_rejected():
+    with pytest.raises(ValueError, match="length statistic"):
+        LengthEstimates(2, statistic="p0")
+
+
+def test_censored_observation_never_lowers_estimate():
+    est = LengthEstimates(1, ema_decay=0.7)
+    est.update([0, 0], [8000, 9000])
+    before = est.value[0]
+    est.update([0, 0], [2000, 2000], censored=[True, True])  # cut short: a lower bound only
+    assert est.value[0] == pytest.approx(before)
+    est.update([0, 0], [12000, 12000], censored=[True, False])  # a lower bound above: may raise it
+    assert est.value[0] == pytest.approx(0.7 * before + 0.3 * 12000)
+
+
+def test_cap_on_for_many_epochs_does_not_drag_long_prompts_toward_the_cap():
+    """Long prompts (true length 14000) under a 10000-token cap for 8 epochs keep their estimate; without the
+    censoring rule the EMA would converge to the cap."""
+    rng = np.random.default_rng(0)
+    n_rows, n = 64, 16
+    true = np.where(np.arange(n_rows) < 16, 14000.0, 3000.0)
+    censored_est = LengthEstimates(n_rows, ema_decay=0.7)
+    naive_est = LengthEstimates(n_rows, ema_decay=0.7)
+    rows = np.repeat(np.arange(n_rows), n)
+    first = rng.normal(true[rows], 300)  # epoch 0 uncapped
+    censored_est.update(rows, first)
+    naive_est.update(rows, first)
+    cap = 10000
+    for _ in range(8):
+        want = rng.normal(true[rows], 300)
+        got = np.minimum(want, cap)
+        censored_est.update(rows, got, censored=got >= cap)
+        naive_est.update(rows, got)
+    long_rows = np.arange(16)
+    assert censored_est.value[long_rows].min() > 13000
+    assert naive_est.value[long_rows].max() < 10500  # what the censoring rule prevents
+    short = np.arange(16, n_rows)
+    assert np.allclose(censored_est.value[short], 3000, rtol=0.05)
+
+
+def test_prior_is_median_of_seen_and_nan_before_any():
+    est = LengthEstimates(4)
+    assert np.isnan(est.prior())
+    est.update([0, 1, 2], [100, 200, 900])
+    assert est.prior() == 200
+    assert est.get([3]).tolist() == [200]
+    assert np.isnan(est.get([3], fill_prior=False)[0])
+
+
+def test_state_roundtrip_and_size_mismatch_message():
+    est = LengthEstimates(3, statistic="max")
+    est.update([0, 1], [5, 7], censored=[False, True])
+    other = LengthEstimates(3, statistic="max")
+    other.load_state_dict(est.state_dict())
+    assert np.array_equal(other.value, est.value, equal_nan=True)
+    assert other.censored.tolist() == est.censored.tolist()
+    with pytest.raises(ValueError, match="train file or its truncation changed"):
+        LengthEstimates(4).load_state_dict(est.state_dict())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 9), st.floats(1, 20000), st.booleans()), min_size=1, max_size=80),
+    st.sampled_from(["mean", "max", "p90"]),
+)
+def test_estimates_stay_within_observed_range(obs, stat):
+    """Any update sequence keeps each estimate within [min, max] of what was observed for the row (an EMA of
+    statistics of observations), and rows never observed stay unseen."""
+    est = LengthEstimates(10, statistic=stat)
+    for r, length, cens in obs:
+        est.update([r], [length], censored=[cens])
+    for r in range(10):
+        seen = [length for rr, length, _ in obs if rr == r]
+        if seen:
+            assert min(seen) - 1e-6 <= est.value[r] <= max(seen) + 1e-6
+        else:
+            assert np.isnan(est.value[r])

@@ -1,0 +1,227 @@
+"""scripts/prepare_data.py on small files shaped like each published dataset, run as the CLI it is."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py"
+
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+
+GSM8K = [
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+        "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
+    },
+    {
+        "question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
+        "How much did she earn?",
+        "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nShe earned 0.2 x 50 = $<<0.2*50=10>>10.\n#### 10",
+    },
+    {"question": "A farm has 1,200 hens and buys 300 more. How many hens?", "answer": "1200+300=1500\n#### 1,500"},
+    {"question": "What is 3 + 4?", "answer": "3 + 4 = 7\n#### 7"},
+]
+DAPO_PROBLEMS = [
+    ("In triangle $ABC$, $AB = 13$, $BC = 14$, $CA = 15$. Find the area of the triangle.", "84"),
+    ("Find the number of positive divisors of $2024$.", "12"),
+    ("Let $x$ satisfy $x^2 - 5x + 6 = 0$ with $x > 2$. Find $x$.", "3"),
+]
+DAPO = [
+    {
+        "data_source": "math_dapo",
+        "prompt": [{"content": DAPO_PREFIX + problem + DAPO_SUFFIX, "role": "user"}],
+        "ability": "MATH",
+        "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
+        "extra_info": {"index": f"9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079-{i}"},
+    }
+    for i, (problem, answer) in enumerate(DAPO_PROBLEMS * 2)  # the published file repeats its problems
+]
+DEEPSCALER = [
+    {
+        "problem": "Let $a$ and $b$ be positive reals with $a + b = 1$. "
+        "Find the minimum of $\\frac{1}{a} + \\frac{4}{b}$.",
+        "answer": "9",
+        "solution": "By Cauchy-Schwarz, $(a+b)(1/a+4/b) \\ge (1+2)^2 = 9$, so the minimum is $\\boxed{9}$.",
+    },
+    {
+        "problem": "Compute $\\sin 30^\\circ$.",
+        "answer": "\\frac{1}{2}",
+        "solution": "From the 30-60-90 triangle, $\\sin 30^\\circ = \\boxed{\\frac{1}{2}}$.",
+    },
+]
+
+
+def write(path: Path, records: list[dict]) -> Path:
+    if path.suffix == ".parquet":
+        pd.DataFrame(records).to_parquet(path)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        path.write_text(json.dumps(records))
+    return path
+
+
+def run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=60
+    )
+
+
+def run_in_process(capsys, *args) -> tuple[int, str]:
+    """Error paths run in-process (no interpreter + pandas start per case); returns (exit code, stderr)."""
+    spec = importlib.util.spec_from_file_location("prepare_data", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        code = module.main([str(a) for a in args])
+    except SystemExit as e:  # argparse errors
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def check_verl_rows(df: pd.DataFrame, split: str) -> None:
+    assert list(df.columns) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    for i, row in enumerate(df.itertuples()):
+        assert isinstance(row.data_source, str)
+        prompt = list(row.prompt)  # pandas reads list<struct> back as a numpy array of dicts
+        assert len(prompt) == 1 and isinstance(prompt[0], dict)
+        assert prompt[0]["role"] == "user"
+        assert "step by step" in prompt[0]["content"] and "\\boxed{}" in prompt[0]["content"]
+        assert row.ability == "math"
+        assert row.reward_model["style"] == "rule"
+        assert isinstance(row.reward_model["ground_truth"], str) and row.reward_model["ground_truth"]
+        assert row.extra_info["index"] == i
+        assert row.extra_info["split"] == split
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_gsm8k(tmp_path, suffix):
+    src = write(tmp_path / f"gsm8k{suffix}", GSM8K)
+    out = tmp_path / "train.parquet"
+    res = run("--dataset", "gsm8k", "--input", src, "--output", out)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"gsm8k: rows in 4, rows out 4 -> {out}"
+    df = pd.read_parquet(out)
+    check_verl_rows(df, "train")
+    assert df["reward_model"].map(lambda r: r["ground_truth"]).tolist() == ["72", "10", "1500", "7"]
+    assert df["data_source"].eq("openai/gsm8k").all()
+    first = df.iloc[0]
+    assert first["prompt"][0]["content"].startswith(GSM8K[0]["question"] + "\n\n")
+    assert first["extra_info"]["question"] == GSM8K[0]["question"]
+    assert first["extra_info"]["answer"] == GSM8K[0]["answer"]
+
+
+def test_dapo_parquet_rewraps_prompt_and_keeps_uuid(tmp_path):
+    src = write(tmp_path / "dapo-math-17k.parquet", DAPO)
+    out = tmp_path / "train.parquet"
+    res = run("--dataset", "dapo-math-17k", "--input", src, "--output", out)
+    assert res.returncode == 0, res.stderr
+    df = pd.read_parquet(out)
+    check_verl_rows(df, "train")
+    assert len(df) == 6  # repeats are kept unless --dedup
+    content = df.iloc[0]["prompt"][0]["content"]
+    assert content.startswith(DAPO_PROBLEMS[0][0] + "\n\n")
+    assert "Answer: $Answer" not in content and "Remember to put" not in content
+    assert df.iloc[0]["extra_info"]["source_id"] == DAPO[0]["extra_info"]["index"]
+    assert df.iloc[0]["extra_info"]["question"] == DAPO_PROBLEMS[0][0]
+    assert df.iloc[1]["reward_model"]["ground_truth"] == "12"
+
+
+def test_dapo_dedup_is_explicit_and_reported(tmp_path):
+    src = write(tmp_path / "dapo.jsonl", DAPO)
+    out = tmp_path / "train.parquet"
+    res = run("--dataset", "dapo-math-17k", "--input", src, "--output", out, "--dedup")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith("--dedup dropped 3")
+    df = pd.read_parquet(out)
+    check_verl_rows(df, "train")
+    assert [e["source_id"] for e in df["extra_info"]] == [d["extra_info"]["index"] for d in DAPO[:3]]
+
+
+def test_deepscaler_json_with_test_split_and_limit(tmp_path):
+    src = write(tmp_path / "deepscaler.json", DEEPSCALER * 5)
+    train, test = tmp_path / "out" / "train.parquet", tmp_path / "out" / "test.parquet"
+    res = run(
+        "--dataset", "deepscaler", "--input", src, "--output", train,
+        "--split-test", 3, "--test-output", test, "--limit", 8,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"deepscaler: rows in 8 (first 8 of 10), rows out 5 -> {train} + 3 -> {test}"
+    train_df, test_df = pd.read_parquet(train), pd.read_parquet(test)
+    check_verl_rows(train_df, "train")
+    check_verl_rows(test_df, "test")
+    assert set(train_df["reward_model"].map(lambda r: r["ground_truth"])) <= {"9", "\\frac{1}{2}"}
+    assert test_df.iloc[0]["extra_info"]["solution"] in {d["solution"] for d in DEEPSCALER}
+
+
+def test_json_lines_in_a_dot_json_file(tmp_path):
+    src = tmp_path / "deepscaler.json"  # what datasets' to_json writes
+    write(tmp_path / "x.jsonl", DEEPSCALER).rename(src)
+    res = run("--dataset", "deepscaler", "--input", src, "--output", tmp_path / "o.parquet")
+    assert res.returncode == 0, res.stderr
+    assert len(pd.read_parquet(tmp_path / "o.parquet")) == 2
+
+
+def test_wrong_shape_names_missing_column_and_file(tmp_path):
+    src = write(tmp_path / "gsm8k.jsonl", GSM8K)
+    res = run("--dataset", "deepscaler", "--input", src, "--output", tmp_path / "o.parquet")
+    assert res.returncode == 1
+    assert "missing column 'problem'" in res.stderr and str(src) in res.stderr and "row 0" in res.stderr
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_gsm8k_file_as_dapo_names_missing_column(tmp_path, capsys):
+    src = write(tmp_path / "gsm8k.jsonl", GSM8K)
+    code, err = run_in_process(capsys, "--dataset", "dapo-math-17k", "--input", src, "--output", tmp_path / "o.parquet")
+    assert code == 1 and "missing column 'prompt'" in err and str(src) in err
+
+
+def test_dapo_prompt_without_dapo_template_is_rejected(tmp_path, capsys):
+    bad = [dict(DAPO[0], prompt=[{"role": "user", "content": "What is 2 + 2?"}])]
+    src = write(tmp_path / "dapo.jsonl", bad)
+    code, err = run_in_process(capsys, "--dataset", "dapo-math-17k", "--input", src, "--output", tmp_path / "o.parquet")
+    assert code == 1 and "DAPO-Math-17k's 'Solve the following ...' template" in err
+
+
+def test_gsm8k_answer_without_final_line_is_rejected(tmp_path, capsys):
+    src = write(tmp_path / "gsm8k.jsonl", [GSM8K[0], {"question": "q", "answer": "no final line"}])
+    code, err = run_in_process(capsys, "--dataset", "gsm8k", "--input", src, "--output", tmp_path / "o.parquet")
+    assert code == 1 and "row 1" in err and "'#### <number>'" in err
+
+
+def test_refuses_to_overwrite_without_flag(tmp_path, capsys):
+    src = write(tmp_path / "gsm8k.jsonl", GSM8K)
+    out = tmp_path / "train.parquet"
+    out.write_bytes(b"keep me")
+    code, err = run_in_process(capsys, "--dataset", "gsm8k", "--input", src, "--output", out)
+    assert code == 2 and "--overwrite" in err
+    assert out.read_bytes() == b"keep me"
+    res = run("--dataset", "gsm8k", "--input", src, "--output", out, "--overwrite")
+    assert res.returncode == 0, res.stderr
+    assert len(pd.read_parquet(out)) == 4
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--split-test", "2"], "go together"),
+        (["--split-test", "4", "--test-output", "t.parquet"], "leaves no training rows"),
+    ],
+)
+def test_split_argument_errors(tmp_path, capsys, extra, message):
+    src = write(tmp_path / "gsm8k.jsonl", GSM8K)
+    extra = [str(tmp_path / a) if a.endswith(".parquet") else a for a in extra]
+    code, err = run_in_process(capsys, "--dataset", "gsm8k", "--input", src, "--output", tmp_path / "o.parquet", *extra)
+    assert code != 0 and message in err
+    assert not (tmp_path / "o.parquet").exists()

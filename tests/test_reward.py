@@ -1,0 +1,262 @@
+"""Math reward: extraction formats, equivalent forms, wrong answers, hostile input, and both comparison paths."""
+
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reward import math_reward
+from reward.math_reward import compute_score, extract_answer, fallback_equiv, normalize_answer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def score(response, ground_truth, data_source="math"):
+    return compute_score(data_source=data_source, solution_str=response, ground_truth=ground_truth, extra_info={})
+
+
+@pytest.fixture
+def no_math_verify(monkeypatch):
+    monkeypatch.setattr(math_reward, "MATH_VERIFY_AVAILABLE", False)
+
+
+QWEN_BOXED = (
+    "<think>\nThe sequence is arithmetic with a_1 = 3 and d = 4, so a_n = 4n - 1. Maybe \\boxed{40}? "
+    "No: a_10 = 39.\n</think>\n\nThe common difference is $d = 4$, so $a_{10} = 3 + 9 \\cdot 4 = 39$.\n\n"
+    "**Final Answer**\n\\[\n\\boxed{39}\n\\]"
+)
+GSM8K_STYLE = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+)
+DAPO_STYLE = "We need the sum of the roots, which by Vieta is $-b/a = 7/1$.\n\nAnswer: 7"
+
+
+@pytest.mark.parametrize(
+    "response, ground_truth",
+    [
+        (QWEN_BOXED, "39"),
+        (GSM8K_STYLE, "72"),
+        (DAPO_STYLE, "7"),
+        ("Therefore the probability is $\\boxed{\\dfrac{3}{8}}$.", "\\frac{3}{8}"),
+        ("So the area is \\boxed{12\\text{ cm}^2}.", "12"),
+        ("The angle measures $\\boxed{90^\\circ}$.", "90"),
+        ("The total is \\boxed{1,234,567}.", "1234567"),
+        ("The total is \\boxed{1{,}000} dollars.", "1000"),
+        ("Thus \\boxed{\\left( 1, 2 \\right)}", "(1,2)"),
+        ("The ratio is \\boxed{0.375}", "3/8"),
+        ("Hence $x = \\boxed{42.0}$", "42"),
+        ("\\fbox{17}", "17"),
+        ("The set is $\\boxed{\\{1,2\\}}$", "\\{1,2\\}"),
+        ("The answer is $\\boxed{\\frac{\\sqrt{3}}{2}}$", "\\frac{\\sqrt3}{2}"),
+        ("Answer: $\\frac{1}{2}$.", "0.5"),
+        ("**Answer:** 25", "25"),
+        ("Answer: x = 5", "5"),
+        ("The answer is \\boxed{x=5}", "5"),
+        ("Answer: \\boxed{-3}", "-3"),
+        ("#### 1,000", "1000"),
+        ("\\boxed{50\\%}", "50"),
+        ("\\boxed{\\text{(B)}}", "B"),
+    ],
+)
+def test_correct_answers_score_one(response, ground_truth):
+    assert score(response, ground_truth) == 1.0
+
+
+@pytest.mark.parametrize(
+    "response, ground_truth",
+    [
+        (QWEN_BOXED, "40"),  # the draft inside <think> is not the final answer
+        (GSM8K_STYLE, "24"),
+        (DAPO_STYLE, "-7"),
+        ("\\boxed{\\frac{1}{3}}", "0.33"),
+        ("\\boxed{12}", "120"),
+        ("I think the answer is 5 but I'm not sure.", "5"),  # no final-answer marker
+        ("\\boxed{}", "0"),
+        ("\\boxed{2 and 3}", "2"),
+    ],
+)
+def test_wrong_or_missing_answers_score_zero(response, ground_truth):
+    assert score(response, ground_truth) == 0.0
+
+
+def test_math_verify_accepts_symbolic_equivalence():
+    if not math_reward.MATH_VERIFY_AVAILABLE:
+        pytest.skip("math-verify not installed")
+    assert score("so the side is \\boxed{3\\sqrt{2}}", "\\sqrt{18}") == 1.0
+    assert score("\\boxed{1+x^2}", "x^2+1") == 1.0
+    assert score("\\boxed{3\\sqrt{2}}", "\\sqrt{19}") == 0.0
+
+
+def test_wrong_number_against_integer_is_decided_without_math_verify(monkeypatch):
+    def fail(gold, pred):
+        raise AssertionError("math-verify should not be needed")
+
+    monkeypatch.setattr(math_reward, "_math_verify_equiv", fail)
+    assert score(GSM8K_STYLE, "71") == 0.0
+    assert score("\\boxed{0.5}", "1") == 0.0
+    assert score("\\boxed{\\frac{144}{2}}", "72") == 1.0
+
+
+def test_math_verify_decides_non_integer_rounding():
+    if not math_reward.MATH_VERIFY_AVAILABLE:
+        pytest.skip("math-verify not installed")
+    assert score("\\boxed{0.3333333}", "\\frac{1}{3}") == 1.0  # within math-verify's rounding
+    assert score("\\boxed{0.33}", "\\frac{1}{3}") == 0.0
+
+
+def test_helper_that_cannot_start_disables_math_verify(monkeypatch):
+    monkeypatch.setattr(math_reward, "MATH_VERIFY_AVAILABLE", True)
+    monkeypatch.setattr(math_reward, "_pool", None)
+    monkeypatch.setattr(math_reward.sys, "executable", "/nonexistent/python")
+    assert score("\\boxed{3\\sqrt{2}}", "\\sqrt{18}") == 0.0
+    assert math_reward.MATH_VERIFY_AVAILABLE is False
+    assert score("\\boxed{\\dfrac{3}{8}}", "0.375") == 1.0  # the pure-Python path still scores
+
+
+def test_fallback_handles_common_forms_without_math_verify(no_math_verify):
+    assert score(QWEN_BOXED, "39") == 1.0
+    assert score("\\boxed{\\dfrac{3}{8}}", "0.375") == 1.0
+    assert score("\\boxed{12\\text{ cm}}", "12") == 1.0
+    assert score("#### 1,234", "1234") == 1.0
+    assert score("\\boxed{-\\frac{1}{2}}", "-1/2") == 1.0
+    # Symbolic equivalence needs math-verify; the fallback must not guess.
+    assert score("\\boxed{3\\sqrt{2}}", "\\sqrt{18}") == 0.0
+
+
+@pytest.mark.parametrize(
+    "a, b, equal",
+    [
+        ("\\left(1,2\\right)", "(1, 2)", True),
+        ("\\$18", "18", True),
+        ("5.", "5", True),
+        ("42.0", "42", True),
+        ("\\frac12", "\\frac{1}{2}", True),
+        ("1/4", "0.25", True),
+        ("+3", "3", True),
+        ("\u22125", "-5", True),
+        ("1/0", "0", False),
+        ("2,3", "23", False),
+        ("x", "y", False),
+        ("", "", False),
+    ],
+)
+def test_fallback_equiv(a, b, equal):
+    assert fallback_equiv(a, b) is equal
+
+
+def test_normalize_answer_examples():
+    assert normalize_answer("\\!\\left[ 2, 3 \\right)") == "[2,3)"
+    assert normalize_answer("$\\tfrac{\\sqrt2}{2}$") == "\\frac{\\sqrt{2}}{2}"
+    assert normalize_answer("45^{\\circ}") == "45"
+
+
+def test_extract_answer_picks_the_last_marker():
+    assert extract_answer("\\boxed{3} ... on reflection\nAnswer: 4") == "4"
+    assert extract_answer("Answer: 4 ... \\boxed{5}") == "5"
+    assert extract_answer("\\boxed{\\frac{1}{\\sqrt{2}}}") == "\\frac{1}{\\sqrt{2}}"
+    assert extract_answer("\\boxed 7 apples") == "7"
+    assert extract_answer("}}}}\\boxed{1}}}}") == "1"
+    # A cut-off final box falls back to the last complete one.
+    assert extract_answer("\\boxed{12} then \\boxed{\\frac{1}{2") == "12"
+    assert extract_answer("no marker") is None
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        None,
+        b"\\boxed{1}",
+        12,
+        "",
+        "\\boxed{",
+        "\\boxed{{{{{{",
+        "Answer:",
+        "####",
+        "\\boxed{\\}",
+        "\x00\ud800\\boxed{\x00}",
+        "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
+        "Answer: " + "9" * 100_000,
+    ],
+)
+def test_malformed_responses_score_zero_without_raising(response):
+    assert score(response, "1") == 0.0
+
+
+@pytest.mark.parametrize("ground_truth", [None, "", "   ", [], {"a": 1}])
+def test_bad_ground_truth_scores_zero(ground_truth):
+    assert score("\\boxed{1}", ground_truth) == 0.0
+
+
+def test_numeric_ground_truth_is_accepted():
+    assert score("\\boxed{72}", 72) == 1.0
+    assert score("\\boxed{0.5}", 0.5) == 1.0
+
+
+def test_long_response_is_cheap():
+    reasoning = "Let me reconsider the factorisation of the polynomial step by step. " * 2000  # ~140k chars
+    response = reasoning + "\n\nThus the answer is $\\boxed{13}$."
+    start = time.perf_counter()
+    for _ in range(200):
+        assert score(response, "13") == 1.0
+    assert time.perf_counter() - start < 1.0
+    # Only the tail is scanned: a box buried far earlier is not an answer.
+    assert score("\\boxed{13}" + reasoning, "13") == 0.0
+
+
+def test_extra_keywords_from_verl_are_accepted():
+    assert compute_score("math", "\\boxed{2}", "2", None, reward_router_address=None, my_reward_kwarg=1) == 1.0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet=st.sampled_from(list("\\boxed{}fbox Answer:#$0123456789.-/^_frac\n")), max_size=200))
+def test_random_text_never_raises(no_math_verify, text):
+    assert score(text, "12") in (0.0, 1.0)
+
+
+def test_scores_from_worker_threads_like_verl(monkeypatch):
+    """verl 0.9.1 runs compute_score in a thread pool, where math-verify's signal.alarm cannot be used."""
+    if not math_reward.MATH_VERIFY_AVAILABLE:
+        pytest.skip("math-verify not installed")
+    monkeypatch.setattr(math_reward, "MATH_VERIFY_PROCESSES", 2)  # 8 threads share 2 helpers
+    monkeypatch.setattr(math_reward, "_pool", None)
+    cases = [("\\boxed{3\\sqrt{2}}", "\\sqrt{18}", 1.0), ("\\boxed{2\\sqrt{2}}", "\\sqrt{18}", 0.0)] * 4
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda c: score(c[0], c[1]), cases))
+    assert results == [c[2] for c in cases]
+
+
+def test_math_verify_timeout_scores_zero_and_helper_recovers(monkeypatch):
+    if not math_reward.MATH_VERIFY_AVAILABLE:
+        pytest.skip("math-verify not installed")
+    monkeypatch.setattr(math_reward, "MATH_VERIFY_TIMEOUT_S", 1)
+    monkeypatch.setattr(math_reward, "MATH_VERIFY_PROCESSES", 1)
+    monkeypatch.setattr(math_reward, "_pool", None)  # a fresh helper with the 1 s alarm
+    start = time.perf_counter()
+    assert score("\\boxed{9^{9^{9}}}", "1") == 0.0  # sympy would take forever; math-verify's alarm stops it
+    assert time.perf_counter() - start < 6
+    # The parent-side backstop kills a helper that overruns; the next request gets a new helper.
+    monkeypatch.setattr(math_reward, "_REQUEST_TIMEOUT_S", 0.2)
+    assert score("\\boxed{9^{9^{9}}}", "1") == 0.0
+    monkeypatch.setattr(math_reward, "_REQUEST_TIMEOUT_S", 30)
+    assert score("\\boxed{3\\sqrt{2}}", "\\sqrt{18}") == 1.0
+
+
+def test_imports_and_scores_without_math_verify():
+    code = (
+        "import sys; sys.modules['math_verify'] = None\n"
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('m', {str(REPO / 'reward' / 'math_reward.py')!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "assert m.MATH_VERIFY_AVAILABLE is False\n"
+        "print(m.compute_score('d', 'so \\\\boxed{\\\\dfrac{1}{2}}', '0.5'),"
+        " m.compute_score('d', '\\\\boxed{3}', '4'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1.0", "0.0"]
