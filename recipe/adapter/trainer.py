@@ -7,6 +7,9 @@ Only small hook overrides, each pinned by tests/contract:
   fields (validation batches never pass here, so they are never capped).
 * ``step``: after verl's step, read each response's row id, length, cap and prediction back from TransferQueue,
   update the estimates (before the checkpoint save in ``fit``), log the recipe metrics, append the length trace.
+* over-sampling (``recipe.over_sample.enable``): ``prepare_step`` launches the extra prompts, ``on_sample_end``
+  aborts and re-queues the groups that lost the race before the replicas sleep, ``on_step_end`` resumes generation
+  after the weight update (see ``recipe/adapter/oversample.py``).
 """
 from __future__ import annotations
 
@@ -16,22 +19,25 @@ import os
 import numpy as np
 import torch
 import transfer_queue as tq
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from ..core.cap import make_cap_policy
+from ..core.oversample import OverSampleController
 from ..core.step_stats import StepResponses, group_tails, step_metrics
 from ..settings import parse_settings
 from ..traces import LengthTraceWriter
 from .columns import column_to_numpy, row_sums
 from .fields import CAP, PREDICTION, ROW_ID
+from .oversample import OverSampleDriver
 from .sampler import LengthAwareEpochSampler
 
 logger = logging.getLogger(__name__)
 
 CAP_STATE_KEY = "cap_policy"
+OVER_SAMPLE_STATE_KEY = "over_sample"
 
 
 class LengthAwareTrainer(PPOTrainerSync):
@@ -43,10 +49,18 @@ class LengthAwareTrainer(PPOTrainerSync):
             make_cap_policy(cap.mode, self.settings.response_length, **cap.policy_kwargs()) if cap.enabled else None
         )
         self.length_sampler: LengthAwareEpochSampler | None = None
+        run_dir = config.trainer.default_local_dir
         self.trace_writer = None
         if self.settings.traces.enabled:
-            path = self.settings.traces.path or os.path.join(config.trainer.default_local_dir, "length_traces.jsonl")
-            self.trace_writer = LengthTraceWriter(path)
+            self.trace_writer = LengthTraceWriter(
+                self.settings.traces.path or os.path.join(run_dir, "length_traces.jsonl"))
+        os_cfg = self.settings.over_sample
+        self.over_sample = None
+        if os_cfg.enabled:
+            self.over_sample = OverSampleDriver(
+                OverSampleController(self.settings.train_batch_size, os_cfg.ratio, os_cfg.requeue),
+                events_path=os.path.join(run_dir, "over_sample_events.jsonl") if os_cfg.abort_events else None,
+            )
 
     # -- dataloader ------------------------------------------------------------------------------------------------
     def _init_dataloader(self):
@@ -54,8 +68,13 @@ class LengthAwareTrainer(PPOTrainerSync):
         if not self.settings.sampler.enabled:
             return
         self.length_sampler = LengthAwareEpochSampler.from_settings(self.train_dataset, self.settings)
+        if self.over_sample is not None:
+            # Over-sampled steps launch any number of prompts: fetch one row per dataloader batch (verl does the
+            # same for its exact refills).
+            with open_dict(self.config):
+                self.config.data.gen_batch_size = 1
         gen_batch_size = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
-        if gen_batch_size != self.settings.batch_size:
+        if self.over_sample is None and gen_batch_size != self.settings.batch_size:
             raise ValueError(
                 f"verl fetches {gen_batch_size} prompts per dataloader batch but the sampler was built for "
                 f"{self.settings.batch_size} (data.gen_batch_size was overridden: DAPO filter_groups or "
@@ -78,6 +97,8 @@ class LengthAwareTrainer(PPOTrainerSync):
         restored = self.length_sampler.consume_restored_extra_state()
         if restored and self.cap_policy is not None and CAP_STATE_KEY in restored:
             self.cap_policy.load_state_dict(restored[CAP_STATE_KEY])
+        if restored and self.over_sample is not None and OVER_SAMPLE_STATE_KEY in restored:
+            self.over_sample.load_state_dict(restored[OVER_SAMPLE_STATE_KEY])
 
     def batch_prediction_and_cap(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
         """Length predictions of the batch's rows (NaN where unseen) and the cap for the batch (0 = none)."""
@@ -96,10 +117,30 @@ class LengthAwareTrainer(PPOTrainerSync):
         batch[CAP] = torch.full((len(rows),), cap, dtype=torch.int64)
         return batch
 
+    # -- over-sampling ----------------------------------------------------------------------------------------------
+    def prepare_step(self) -> dict:
+        if self.over_sample is None:
+            return super().prepare_step()
+        self.over_sample.launch(self)
+        return {}
+
+    def on_sample_end(self):
+        if self.over_sample is not None:
+            self.over_sample.settle(self)
+            self.length_sampler.extra_state[OVER_SAMPLE_STATE_KEY] = self.over_sample.state_dict()
+        super().on_sample_end()
+
+    def on_step_end(self):
+        super().on_step_end()
+        if self.over_sample is not None:
+            self.over_sample.resume(self)
+
     # -- after each step -------------------------------------------------------------------------------------------
     def step(self, metrics, timing_raw):
         batch = super().step(metrics, timing_raw)
         metrics.update(self.observe_batch(batch, gen_time_s=float(timing_raw.get("gen", 0.0))))
+        if self.over_sample is not None:
+            metrics.update(self.over_sample.last_metrics)
         return batch
 
     def observe_batch(self, batch, gen_time_s: float) -> dict:

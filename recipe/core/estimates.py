@@ -89,7 +89,7 @@ class LengthEstimates:
         self.statistic = statistic
         self.value = np.full(self.num_rows, np.nan)
         self.count = np.zeros(self.num_rows, np.int64)
-        self.censored = np.zeros(self.num_rows, bool)  # last observation was a lower bound
+        self.censored = np.zeros(self.num_rows, bool)  # the estimate is only a lower bound (set by a censored obs)
 
     # -- queries -------------------------------------------------------------------------------------------------
     @property
@@ -131,9 +131,14 @@ class LengthEstimates:
         new = np.where(first, obs.value, ema)
         # Censored: a lower bound may raise the estimate through the EMA step, never lower it.
         new = np.where(obs.censored & ~first, np.maximum(old, ema), new)
+        # An exact observation above an estimate that is itself only a lower bound replaces it: averaging the two
+        # would bias the estimate low (e.g. a prompt first seen as an aborted partial response).
+        replace = ~first & ~obs.censored & self.censored[rows] & (obs.value > old)
+        new = np.where(replace, obs.value, new)
         self.value[rows] = new
         self.count[rows] += 1
-        self.censored[rows] = obs.censored
+        # still a lower bound only while every observation so far was censored or the bound was not exceeded
+        self.censored[rows] = obs.censored & (first | self.censored[rows] | (new > old))
 
     # -- state ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -70,6 +70,7 @@ class EpochPlan:
         self.order: np.ndarray | None = None
         self.position = 0
         self.sorted_epoch = False  # whether ``order`` came from estimates (False: random)
+        self.tail_start = 0  # order[tail_start:] are re-queued rows not handed out yet (over-sampling)
 
     @property
     def num_rows(self) -> int:
@@ -94,6 +95,7 @@ class EpochPlan:
             )
             self.sorted_epoch = True
         self.position = 0
+        self.tail_start = len(self.order)
         return self.order
 
     def take(self, k: int) -> np.ndarray:
@@ -101,6 +103,36 @@ class EpochPlan:
         rows = self.order[self.position : self.position + k]
         self.position += len(rows)
         return rows
+
+    def num_remaining(self) -> int:
+        """Rows left in the current epoch; a full epoch when the current one is finished (the next fetch starts
+        a new one)."""
+        return self.num_rows if self.epoch_finished() else len(self.order) - self.position
+
+    def requeue(self, rows, where: str = "back") -> None:
+        """Put rows that were handed out but not trained (aborted by over-sampling) back into this epoch.
+
+        ``back``: after every row not handed out yet, the re-queued rows sorted by their (censoring-raised)
+        estimates, so the long prompts that lost the race are batched with each other at the end of the epoch
+        (tail batching) instead of stalling a batch of short ones. ``front``: next in line, in the given order.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return
+        if self.order is None:
+            raise RuntimeError("requeue before any epoch started")
+        if where == "front":
+            self.order = np.concatenate([self.order[: self.position], rows, self.order[self.position :]])
+            self.tail_start += len(rows)
+            return
+        if where != "back":
+            raise ValueError(f"requeue where={where!r} is not 'back' or 'front'")
+        start = max(self.tail_start, self.position)
+        tail = np.concatenate([self.order[start:], rows])
+        est = self.estimates.get(tail) if self.estimates.seen.any() else np.zeros(len(tail))
+        tail = tail[np.argsort(est, kind="stable")]
+        self.order = np.concatenate([self.order[:start], tail])
+        self.tail_start = start
 
     def remaining(self) -> np.ndarray:
         return self.order[self.position :] if self.order is not None else np.zeros(0, np.int64)
@@ -111,6 +143,7 @@ class EpochPlan:
             "order": None if self.order is None else self.order.copy(),
             "position": self.position,
             "sorted_epoch": self.sorted_epoch,
+            "tail_start": self.tail_start,
             "seed": self.seed,
             "estimates": self.estimates.state_dict(),
         }
@@ -121,4 +154,5 @@ class EpochPlan:
         self.order = None if state["order"] is None else np.asarray(state["order"], dtype=np.int64).copy()
         self.position = int(state["position"])
         self.sorted_epoch = bool(state["sorted_epoch"])
+        self.tail_start = int(state.get("tail_start", 0 if self.order is None else len(self.order)))
         self.seed = int(state["seed"])

@@ -1,5 +1,6 @@
 """The recipe's composed config pointed at the tiny local artifacts."""
 import pytest
+from omegaconf import OmegaConf
 
 from recipe.testing.recipe_config import compose_recipe
 
@@ -7,3 +8,18 @@ from recipe.testing.recipe_config import compose_recipe
 @pytest.fixture
 def recipe_config(tiny_artifacts, tmp_path):
     return compose_recipe(tiny_artifacts, [f"trainer.default_local_dir={tmp_path}/run"])
+
+
+@pytest.fixture(scope="session")
+def tq_cluster():
+    """A real TransferQueue in a local Ray cluster (one storage unit keeps startup short on 2 cores)."""
+    import ray
+    import transfer_queue as tq
+
+    ray.init(num_cpus=16, include_dashboard=False, ignore_reinit_error=True)
+    tq.init(OmegaConf.create({"enable": True, "metrics": {"enabled": False, "port": 0}, "backend": {
+        "storage_backend": "SimpleStorage",
+        "SimpleStorage": {"total_storage_size": 8192, "num_data_storage_units": 1}}}))
+    yield tq
+    tq.close()
+    ray.shutdown()

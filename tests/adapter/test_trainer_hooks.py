@@ -21,21 +21,6 @@ from recipe.testing.recipe_config import TRAIN_BATCH, compose_recipe
 
 
 
-@pytest.fixture(scope="module")
-def tq_cluster():
-    import ray
-    import transfer_queue as tq
-    from omegaconf import OmegaConf
-
-    ray.init(num_cpus=16, include_dashboard=False, ignore_reinit_error=True)
-    tq.init(OmegaConf.create({"enable": True, "metrics": {"enabled": False, "port": 0}, "backend": {
-        "storage_backend": "SimpleStorage",
-        "SimpleStorage": {"total_storage_size": 4096, "num_data_storage_units": 1}}}))
-    yield tq
-    tq.close()
-    ray.shutdown()
-
-
 def make_trainer(tiny_artifacts, tmp_path, *overrides):
     from recipe.adapter.trainer import LengthAwareTrainer
 

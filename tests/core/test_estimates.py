@@ -102,3 +102,15 @@ def test_estimates_stay_within_observed_range(obs, stat):
             assert min(seen) - 1e-6 <= est.value[r] <= max(seen) + 1e-6
         else:
             assert np.isnan(est.value[r])
+
+
+def test_exact_observation_replaces_a_lower_bound_estimate():
+    """A prompt first seen as an aborted partial (a lower bound) must not bias the next exact observation low."""
+    est = LengthEstimates(2, ema_decay=0.7)
+    est.update([0, 1], [300, 300], censored=[True, True])
+    assert est.censored.tolist() == [True, True]
+    est.update([0, 1], [9000, 100])  # row 0: exact and above the bound -> replaces; row 1: below -> EMA
+    assert est.value[0] == 9000 and not est.censored[0]
+    assert est.value[1] == pytest.approx(0.7 * 300 + 0.3 * 100) and not est.censored[1]
+    est.update([0], [200], censored=[True])  # a lower bound under an exact estimate changes nothing
+    assert est.value[0] == 9000 and not est.censored[0]

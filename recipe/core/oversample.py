@@ -1,0 +1,108 @@
+"""Over-sample then abort, at GRPO-group granularity (pure logic).
+
+A synchronous step lasts as long as its slowest group. With over-sampling a step launches
+``ceil(B * (1 + ratio))`` prompts (never more than the epoch has left), trains on the first ``B`` groups to complete
+with all their n responses, aborts every other request, and re-queues the aborted prompts into the current epoch
+(``EpochPlan.requeue``), so every prompt is still trained exactly once per epoch. The epoch's last step has nothing
+left to over-sample from and waits for its groups.
+
+Re-queue modes: ``restart`` generates an aborted prompt afresh when it comes up again (strictly on-policy, the
+aborted tokens are thrown away); ``continue`` keeps the partial responses and resumes them (partial rollout: no
+work is lost, but the resumed responses mix two policy versions).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+REQUEUE_MODES = ("restart", "continue")
+
+
+@dataclass
+class StepOutcome:
+    """What one over-sampled step did (the numbers behind the ``rollout/over_sample/*`` metrics)."""
+
+    launched: np.ndarray  # rows launched
+    kept: np.ndarray  # bool per launched row: trained this step
+    aborted_tokens: int = 0
+
+    @property
+    def requeued(self) -> np.ndarray:
+        return self.launched[~self.kept]
+
+    def metrics(self) -> dict[str, float]:
+        n = len(self.launched)
+        return {
+            "rollout/over_sample/launched_groups": float(n),
+            "rollout/over_sample/completed_groups": float(self.kept.sum()),
+            "rollout/over_sample/aborted_groups": float(n - self.kept.sum()),
+            "rollout/over_sample/aborted_fraction": float((n - self.kept.sum()) / n) if n else 0.0,
+            "rollout/over_sample/aborted_tokens": float(self.aborted_tokens),
+            "rollout/over_sample/requeued_prompts": float(len(self.requeued)),
+        }
+
+
+@dataclass
+class OverSampleController:
+    batch_size: int
+    ratio: float
+    requeue: str = "restart"
+    trained_this_epoch: dict[int, set] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"over-sample batch_size must be >= 1, got {self.batch_size}")
+        if not self.ratio >= 0:
+            raise ValueError(f"over-sample ratio must be >= 0, got {self.ratio}")
+        if self.requeue not in REQUEUE_MODES:
+            raise ValueError(f"over-sample requeue {self.requeue!r} is not one of {REQUEUE_MODES}")
+
+    def launch_count(self, remaining_in_epoch: int) -> int:
+        """Prompts to launch this step: ``ceil(B * (1 + ratio))``, capped by what the epoch has left."""
+        if remaining_in_epoch < self.batch_size:
+            raise RuntimeError(
+                f"only {remaining_in_epoch} prompts left in the epoch for a batch of {self.batch_size}: the train "
+                "set must be a multiple of the batch size (LengthAwareRLHFDataset cuts it)"
+            )
+        return min(math.ceil(self.batch_size * (1.0 + self.ratio) - 1e-9), remaining_in_epoch)
+
+    def select(self, completion_time) -> np.ndarray:
+        """Kept mask over launched groups: the first ``batch_size`` to complete (ties: earlier launched first)."""
+        t = np.asarray(completion_time, dtype=np.float64)
+        if len(t) < self.batch_size:
+            raise ValueError(f"{len(t)} groups launched for a batch of {self.batch_size}")
+        kept = np.zeros(len(t), bool)
+        kept[np.argsort(t, kind="stable")[: self.batch_size]] = True
+        return kept
+
+    def record(self, epoch: int, outcome: StepOutcome) -> None:
+        """Epoch accounting: a row is trained at most once per epoch (a violation is a bug, raised loudly)."""
+        trained = outcome.launched[outcome.kept]
+        seen = self.trained_this_epoch.setdefault(int(epoch), set())
+        dup = seen.intersection(trained.tolist())
+        if dup:
+            raise RuntimeError(f"rows {sorted(dup)[:8]} trained twice in epoch {epoch}")
+        seen.update(trained.tolist())
+        for old in [e for e in self.trained_this_epoch if e < epoch]:
+            del self.trained_this_epoch[old]
+
+    def state_dict(self) -> dict:
+        return {"trained_this_epoch": {e: sorted(s) for e, s in self.trained_this_epoch.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trained_this_epoch = {int(e): set(int(r) for r in s) for e, s in state["trained_this_epoch"].items()}
+
+
+def run_oversampled_step(controller: OverSampleController, plan, completion_time_of) -> StepOutcome:
+    """One step of the protocol on an ``EpochPlan`` (used by the simulator and the tests; the trainer does the same
+    through verl's dataloader, replay buffer and abort API): launch, keep the first B, re-queue the rest."""
+    if plan.epoch_finished():
+        plan.start_next_epoch()
+    launched = plan.take(controller.launch_count(plan.num_remaining()))
+    kept = controller.select(completion_time_of(launched))
+    outcome = StepOutcome(launched=launched, kept=kept)
+    plan.requeue(outcome.requeued, where="back")
+    controller.record(plan.epoch, outcome)
+    return outcome

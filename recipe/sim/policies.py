@@ -1,0 +1,204 @@
+"""Batch-formation policies, built from the same ``recipe.core`` objects the trainer uses.
+
+A policy is a ``PolicySpec`` (data) turned into a ``Policy`` (state) by ``make_policy``. Per step it answers
+``plan_step()`` with the rows to launch, the cap (vLLM ``max_tokens``) and how many complete groups to keep; after
+the step ``observe`` feeds the kept groups back exactly as the trainer does: ``StepResponses.censored()`` into
+``LengthEstimates.update`` and ``group_tails`` into the cap's ``observe``. Caps see only estimates of rows already
+observed (``fill_prior=False``): with nothing known about a batch there is no cap, in epoch 0 as in the trainer.
+
+Row order comes from ``EpochPlan`` in all three modes: ``plan`` sorts by the policy's own estimates, ``random``
+gives it an estimator that never observes anything (so every epoch is a fresh seeded permutation, verl's
+RandomSampler), and ``oracle`` gives it an estimator overwritten with the epoch's true group maxima before the epoch
+starts. Over-sampling uses ``recipe.core.oversample.OverSampleController`` and ``EpochPlan.requeue`` in the order
+``recipe/adapter/oversample.py`` does. A new kind of policy registers a spec (``register``) or subclasses ``Policy``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from recipe.core.cap import make_cap_policy
+from recipe.core.estimates import LengthEstimates
+from recipe.core.ordering import EpochPlan
+from recipe.core.oversample import REQUEUE_MODES, OverSampleController, StepOutcome
+from recipe.core.step_stats import StepResponses, group_tails
+
+from .tailcut import TailCut
+
+ORDERS = ("random", "plan", "oracle")
+CAPS = ("none", "seed", "calibrated")
+CAP_SCOPES = ("batch", "row")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    description: str = ""
+    order: str = "plan"  # random | plan | oracle
+    statistic: str = "mean"  # LengthEstimates statistic (drives the order and the caps)
+    ema_decay: float = 0.7
+    bucket_size: float = 1024
+    shuffle_batch_blocks: bool = True
+    cap: str = "none"  # none | seed | calibrated (recipe.core.cap)
+    cap_kwargs: dict = field(default_factory=dict)
+    cap_scope: str = "batch"  # batch: one cap from all rows' estimates; row: each row's cap from its own estimate
+    oversample_ratio: float = 0.0  # 0: wait for every group (recipe.core.oversample)
+    oversample_requeue: str = "restart"  # restart | continue (partial rollout)
+    requeue_where: str = "back"  # EpochPlan.requeue: back (the trainer's choice) | front (next step)
+    tail_cut: float = 1.0  # end the step when this fraction of its responses is done (1: wait for all)
+
+    def __post_init__(self):
+        if (self.order not in ORDERS or self.cap not in CAPS or self.cap_scope not in CAP_SCOPES
+                or self.oversample_requeue not in REQUEUE_MODES or self.requeue_where not in ("back", "front")):
+            raise ValueError(f"policy {self.name!r}: order must be one of {ORDERS}, cap one of {CAPS}, cap_scope"
+                             f" one of {CAP_SCOPES} and oversample_requeue one of {REQUEUE_MODES}")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        if self.cap == "none":
+            d.pop("cap_kwargs")
+            d.pop("cap_scope")
+        if self.oversample_ratio == 0:
+            d.pop("oversample_requeue")
+            d.pop("requeue_where")
+        if self.tail_cut == 1.0:
+            d.pop("tail_cut")
+        return d
+
+
+@dataclass
+class StepPlan:
+    rows: np.ndarray  # rows launched, in submission order
+    caps: np.ndarray  # max_tokens of each launched row (0: none, i.e. response_length)
+    keep: int | None  # keep the first ``keep`` complete groups and abort the rest (None: wait for all)
+    predicted: np.ndarray  # estimate of each launched row at planning time (NaN: never observed)
+
+
+class Policy:
+    """The state of one policy over a run: estimates, epoch plan, cap and step-end controllers.
+
+    ``truth`` (the trace's ``lengths``) is read by the oracle order only.
+    """
+
+    def __init__(self, spec: PolicySpec, *, num_rows: int, batch_size: int, response_length: int, seed: int = 0,
+                 truth: np.ndarray | None = None):
+        if spec.order == "oracle" and truth is None:
+            raise ValueError("the oracle order needs the trace's true lengths")
+        self.spec = spec
+        self.batch_size = int(batch_size)
+        self.response_length = int(response_length)
+        self.estimates = LengthEstimates(num_rows, ema_decay=spec.ema_decay, statistic=spec.statistic)
+        self._truth = truth
+        self._order_est = (self.estimates if spec.order == "plan"
+                           else LengthEstimates(num_rows, ema_decay=0.0, statistic="max"))
+        self.plan = EpochPlan(self._order_est, batch_size=batch_size, bucket_size=spec.bucket_size,
+                              shuffle_batch_blocks=spec.shuffle_batch_blocks, seed=seed)
+        self.cap = None if spec.cap == "none" else make_cap_policy(spec.cap, response_length, **spec.cap_kwargs)
+        self.oversample = (OverSampleController(batch_size, spec.oversample_ratio, spec.oversample_requeue)
+                           if spec.oversample_ratio > 0 else None)
+        self.tail_cut = TailCut(spec.tail_cut) if spec.tail_cut < 1.0 else None
+        self.epoch = -1
+
+    def start_epoch(self, epoch: int) -> None:
+        if self.spec.order == "oracle":
+            lengths = self._truth[epoch]
+            self._order_est.update(np.repeat(np.arange(lengths.shape[0]), lengths.shape[1]), lengths.ravel())
+        self.plan.start_next_epoch()
+        self.epoch = epoch
+
+    def epoch_finished(self) -> bool:
+        return self.plan.epoch_finished()  # over-sampling re-queues into the plan, so it knows what is left
+
+    def plan_step(self) -> StepPlan:
+        k = self.oversample.launch_count(self.plan.num_remaining()) if self.oversample else self.batch_size
+        rows = self.plan.take(k)
+        keep = self.batch_size if len(rows) > self.batch_size else None
+        predicted = self.estimates.get(rows, fill_prior=False)
+        return StepPlan(rows=rows, caps=self._caps(predicted), keep=keep, predicted=predicted)
+
+    def _caps(self, predicted: np.ndarray) -> np.ndarray:
+        """Per-row max_tokens; ``row`` scope asks the same cap formula about a batch of one row."""
+        if self.cap is None:
+            return np.zeros(len(predicted), np.int64)
+        if self.spec.cap_scope == "batch":
+            return np.full(len(predicted), self.cap.cap_for_batch(predicted) or 0, np.int64)
+        return np.array([self.cap.cap_for_batch(predicted[i : i + 1]) or 0 for i in range(len(predicted))], np.int64)
+
+    def observe(self, plan: StepPlan, lengths: np.ndarray, kept: np.ndarray, stopped: np.ndarray) -> StepResponses:
+        """Feed a finished step back in the trainer's order; returns the trained responses it fed.
+
+        ``lengths[row_in_plan, sample]``: tokens each response has; ``kept``: groups trained this step;
+        ``stopped``: responses ended before their natural end by an abort (a tail cut, or a group that lost the
+        over-sampling race). Aborted groups first (``recipe/adapter/oversample.py`` settle: partial lengths as
+        censored observations, re-queue into the plan, epoch accounting), then the trained groups.
+        """
+        n = lengths.shape[1]
+        if self.oversample:
+            lost = ~kept
+            if lost.any():
+                self.estimates.update(np.repeat(plan.rows[lost], n), lengths[lost].ravel(),
+                                      np.ones(int(lost.sum()) * n, bool))
+            outcome = StepOutcome(launched=plan.rows, kept=kept, aborted_tokens=int(lengths[lost].sum()))
+            self.plan.requeue(outcome.requeued, where=self.spec.requeue_where)
+            self.oversample.record(self.epoch, outcome)
+        rows, pred = plan.rows[kept], plan.predicted[kept]
+        resp = StepResponses(rows=np.repeat(rows, n), lengths=lengths[kept].ravel(),
+                             caps=np.repeat(plan.caps[kept], n), predicted=np.repeat(pred, n),
+                             response_length=self.response_length, aborted=stopped[kept].ravel())
+        self.estimates.update(resp.rows, resp.lengths, resp.censored())
+        if self.cap:
+            tails = group_tails(resp)
+            self.cap.observe(self.epoch, pred[np.argsort(rows)], tails.value, tails.censored)
+        return resp
+
+
+# -- registry ----------------------------------------------------------------------------------------------------
+POLICIES: dict[str, PolicySpec] = {}
+
+
+def register(spec: PolicySpec) -> PolicySpec:
+    POLICIES[spec.name] = spec
+    return spec
+
+
+def make_policy(name: str, **kw) -> Policy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return Policy(POLICIES[name], **kw)
+
+
+SEED_CAP = {"factor": 2.0, "min_tokens": 10000}
+_SEED = dict(order="plan", statistic="mean", ema_decay=0.7, bucket_size=1024)
+# Chosen with bench/sim_sweep.py on the reference trace (seeds 0-2): the fastest on-policy recipe.core composition
+# that truncates no more than the seed on every seed. Its edge over the seed is small (-0.01..+0.02 speedup, 0.1-0.8
+# points less truncation): every order + cap candidate sits on one speedup-vs-truncation curve. Statistic, EMA and
+# bucket barely matter (bucket_size does not change ordering.length_sorted_order at all); the cap is the lever.
+_BEST = dict(order="plan", statistic="mean", ema_decay=0.5, bucket_size=1024)
+BEST_CAP = {"quantile": 0.8}
+
+register(PolicySpec("baseline", "verl RandomSampler: a new random order every epoch, no cap", order="random"))
+register(PolicySpec("baseline+seedcap", "random order with the seed's cap", order="random", cap="seed",
+                    cap_kwargs=SEED_CAP))
+register(PolicySpec("baseline+calcap", "random order with best's calibrated cap", order="random", cap="calibrated",
+                    cap_kwargs=BEST_CAP))
+register(PolicySpec("seed", "the seed: EMA 0.7 mean estimates, bucket 1024, block shuffle, cap 2x mean >= 10000",
+                    **_SEED, cap="seed", cap_kwargs=SEED_CAP))
+register(PolicySpec("seed-nocap", "the seed's order without its cap", **_SEED))
+register(PolicySpec("seed+calcap", "the seed's order with the calibrated cap (defaults)", **_SEED, cap="calibrated"))
+register(PolicySpec("best", "EMA 0.5 mean estimates, calibrated cap: batch max estimate x q0.8 of observed/predicted",
+                    **_BEST, cap="calibrated", cap_kwargs=BEST_CAP))
+register(PolicySpec("best-nocap", "best's order without a cap", **_BEST))
+register(PolicySpec("best+seedcap", "best's order with the seed's cap", **_BEST, cap="seed", cap_kwargs=SEED_CAP))
+register(PolicySpec("oracle", "order by this epoch's true group maxima, no cap (not realisable)", order="oracle"))
+register(PolicySpec("oversample", "best's order, no cap, launch 12.5% more prompts, keep the first 32 groups, restart"
+                    " the others at the back of the epoch (recipe.core.oversample as the trainer runs it)",
+                    **_BEST, oversample_ratio=0.125))
+register(PolicySpec("baseline+oversample", "random order, otherwise as oversample", order="random",
+                    oversample_ratio=0.125))
+register(PolicySpec("partial-rollout", "best's order, no cap, launch 2x the prompts, keep the first 32 groups, resume"
+                    " the others next step (requeue continue + front): off-policy tokens, see max_policy_versions",
+                    **_BEST, oversample_ratio=1.0, oversample_requeue="continue", requeue_where="front"))
+register(PolicySpec("tailcut", "best's order and cap; end each step when 98% of its responses are done"
+                    " (needs a recipe/core piece)", **_BEST, cap="calibrated", cap_kwargs=BEST_CAP, tail_cut=0.98))

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# GRPO on Qwen3-30B-A3B with the length-aware resampler and the per-batch response cap (verl 0.9.1, Megatron
+# TP/PP/EP actor and ref from a dist checkpoint, vLLM rollout). The seed's example script, for verl 0.9.1.
+#
+#   MODEL_PATH=... DISTCP_PATH=... TRAIN_FILE=... TEST_FILE=... bash scripts/train_grpo.sh [hydra overrides]
+#   DRY_RUN=1 ... bash scripts/train_grpo.sh     # preflight only: print the command and the resolved settings
+#   PRESET=smoke bash scripts/train_grpo.sh      # tiny model, 1 GPU, no downloads
+#
+# Every knob is an environment variable; the table (defaults, Hydra keys) is in the README and comes from
+# recipe/preflight.py (KNOBS), which also builds the Hydra overrides. Arguments are extra Hydra overrides, applied
+# after the ones built from the environment (last one wins).
+#
+# Steps: pick the Python (scripts/lib/python_env.sh) -> preflight on the CPU (parse the variables, compose the real
+# config, verl's and the recipe's checks; all problems at once) -> DRY_RUN: print and stop -> no GPU and no
+# RAY_ADDRESS: stop -> smoke preset: convert the tiny model -> python -m recipe.main, console teed into
+# <run dir>/logs/console.<UTC stamp>.log and verl's JSONL metrics in <run dir>/logs/metrics.<UTC stamp>.jsonl.
+# shellcheck disable=SC2154  # PLAN_* are set by the plan file the preflight writes
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/lib/python_env.sh
+source "$ROOT/scripts/lib/python_env.sh"
+
+# die STATUS MESSAGE...
+die() {
+    local status="$1"
+    shift
+    echo "train_grpo.sh: ERROR: $*" >&2
+    exit "$status"
+}
+
+# logged LOG COMMAND...: run COMMAND with stdout and stderr also appended to LOG; return COMMAND's status.
+logged() {
+    local log="$1" status
+    shift
+    set +e
+    "$@" 2>&1 | tee -a "$log"
+    status="${PIPESTATUS[0]}"
+    set -e
+    return "$status"
+}
+
+gpus="$(recipe_gpu_count)"
+if [[ -z "${PRESET:-}" && -z "${MODEL_PATH:-}" ]] && (( gpus > 0 )); then
+    echo "train_grpo.sh: MODEL_PATH is not set on a GPU machine: running the 1-GPU smoke preset (PRESET=smoke)" >&2
+    export PRESET=smoke
+fi
+
+PY="$(recipe_python "$ROOT")" || die 1 "no usable Python (see the message above)"
+# This checkout's `recipe` and `reward` packages, for the driver and (through inheritance) a local Ray cluster.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export RECIPE_LAUNCH_STAMP="${RECIPE_LAUNCH_STAMP:-$(date -u +%Y%m%dT%H%M%SZ)}"  # names this launch's log files
+
+plan="$(mktemp)"
+report="$(mktemp)"
+trap 'rm -f "$plan" "$report"' EXIT
+status=0
+logged "$report" "$PY" -m recipe.preflight --plan-out "$plan" -- "$@" || status=$?
+if (( status != 0 )); then
+    (( gpus > 0 )) || [[ -n "${RAY_ADDRESS:-}" ]] || echo "train_grpo.sh: (and no GPU is visible here)" >&2
+    die "$status" "preflight failed; fix the problems above (nothing was launched)"
+fi
+# shellcheck source=/dev/null
+source "$plan"
+launch=(env WANDB_MODE="$PLAN_WANDB_MODE" WANDB_DIR="$PLAN_WANDB_DIR" VERL_FILE_LOGGER_PATH="$PLAN_METRICS_LOG"
+        PYTHONPATH="$PYTHONPATH" "$PY" -m recipe.main "${PLAN_OVERRIDES[@]}" "$@")
+
+if [[ "${DRY_RUN:-0}" == "1" ]]; then
+    echo "train_grpo.sh: DRY_RUN=1: the command (not run):"
+    printf '%s' "${launch[0]}"
+    printf ' \\\n    %q' "${launch[@]:1}"
+    echo
+    exit 0
+fi
+
+if (( gpus == 0 )) && [[ -z "${RAY_ADDRESS:-}" ]]; then
+    die 3 "no GPU is visible on this machine (nvidia-smi is missing or lists no GPU) and RAY_ADDRESS is" \
+        "not set. The preflight passed; nothing was launched. Run on a GPU node, set RAY_ADDRESS to join a running" \
+        "Ray cluster, or use DRY_RUN=1 to check only."
+fi
+
+mkdir -p "$(dirname "$PLAN_CONSOLE_LOG")"
+cp "$report" "$PLAN_CONSOLE_LOG"
+if [[ "$PLAN_SMOKE_CONVERT" == "1" ]]; then
+    echo "train_grpo.sh: smoke preset: converting the tiny model into $PLAN_DISTCP_PATH" | tee -a "$PLAN_CONSOLE_LOG"
+    logged "$PLAN_CONSOLE_LOG" env RECIPE_PYTHON="$PY" MODEL_PATH="$PLAN_MODEL_PATH" DISTCP_PATH="$PLAN_DISTCP_PATH" \
+        CONVERT_PP=1 CONVERT_EP=1 CONVERT_NNODES=1 GPUS_PER_NODE=1 bash "$ROOT/scripts/convert_hf_to_distcp.sh" \
+        || die $? "the smoke preset's conversion failed (log: $PLAN_CONSOLE_LOG)"
+fi
+
+echo "train_grpo.sh: run dir $PLAN_RUN_DIR; console log $PLAN_CONSOLE_LOG" | tee -a "$PLAN_CONSOLE_LOG"
+logged "$PLAN_CONSOLE_LOG" "${launch[@]}" || status=$?
+exit "$status"

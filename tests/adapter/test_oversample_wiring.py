@@ -1,0 +1,134 @@
+"""Over-sampling wired into verl's v1 sync step: our prepare_step / on_sample_end / on_step_end around verl's real
+ReplayBuffer.sample on a real TransferQueue.
+
+Test doubles, because the real parts need GPUs: ``FakeRollout`` plays verl's AgentLoopManagerTQ (it writes each
+group's trajectories and prompt status into TransferQueue the way AgentLoopWorkerTQ does, finishing the short
+groups at once and leaving the long ones running) and ``FakeReplicas`` plays the CheckpointEngineManager (its
+abort_replicas finishes the running groups with partial responses, as aborted vLLM requests do). The abort itself
+on a real vLLM engine is covered in test_oversample_engine.py.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+from recipe.adapter.columns import column_to_numpy
+from recipe.adapter.fields import CAP, PREDICTION, ROW_ID
+from recipe.testing.recipe_config import ROLLOUT_N, TRAIN_BATCH, compose_recipe
+
+RATIO = 0.5
+
+
+def length_of(row):
+    return 5 + (row * 13) % 55  # response length each row "wants" (< 64)
+
+
+class FakeRollout:
+    """Stands in for AgentLoopManagerTQ: of each launch, the TRAIN_BATCH groups wanting the fewest tokens finish at
+    once (the race the fastest groups win), the others keep running until aborted."""
+
+    def __init__(self, tq):
+        self.tq, self.running = tq, {}
+
+    def put_group(self, uid, row, n_tokens, fields):
+        keys = [f"{uid}_{s}_0" for s in range(ROLLOUT_N)]
+        recs = [{"response_mask": torch.ones(n_tokens, dtype=torch.int64), ROW_ID: row, **fields}
+                for _ in keys]
+        tags = [{"status": "success", "response_len": n_tokens, "global_steps": 1,
+                 "min_global_steps": 1, "max_global_steps": 1} for _ in keys]
+        self.tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(recs), tags=tags)
+        self.tq.kv_put(key=uid, partition_id="train", tag={"status": "finished"})
+
+    def generate_sequences(self, batch):
+        rows = [int(r) for r in batch[ROW_ID]]
+        winners = set(np.argsort([length_of(r) for r in rows], kind="stable")[:TRAIN_BATCH].tolist())
+        for i in range(len(batch)):
+            uid, row = str(batch["uid"][i]), rows[i]
+            fields = {CAP: batch[CAP][i], PREDICTION: batch[PREDICTION][i]}
+            if i in winners:
+                self.put_group(uid, row, length_of(row), fields)
+            else:
+                self.tq.kv_put(key=uid, partition_id="train", tag={"status": "running"})
+                self.running[uid] = (row, fields)
+
+
+class FakeReplicas:
+    """Stands in for CheckpointEngineManager: abort finishes running groups with 3-token partial responses."""
+
+    def __init__(self, rollout):
+        self.rollout, self.calls = rollout, []
+
+    def abort_replicas(self, reject_request=False):
+        self.calls.append(("abort", reject_request))
+        for uid, (row, fields) in self.rollout.running.items():
+            self.rollout.put_group(uid, row, 3, fields)
+        self.rollout.running.clear()
+
+    def sleep_replicas(self):
+        self.calls.append(("sleep",))
+
+    def update_weights(self, step=None):
+        self.calls.append(("update_weights",))
+
+    def resume_generation_replicas(self):
+        self.calls.append(("resume",))
+
+
+def test_over_sampled_epochs_train_every_prompt_once(tiny_artifacts, tmp_path, tq_cluster):
+    from recipe.adapter.trainer import LengthAwareTrainer
+
+    cfg = compose_recipe(tiny_artifacts, [f"trainer.default_local_dir={tmp_path}/run", "recipe.over_sample.enable=1", "recipe.cap.enable=0",
+                                          f"recipe.over_sample.ratio={RATIO}", "recipe.over_sample.abort_events=1"])
+    trainer = LengthAwareTrainer(cfg)
+    trainer._init_tokenizer()
+    trainer._init_dataloader()
+    assert trainer.train_dataloader.batch_size == 1 and trainer.config.data.gen_batch_size == 1
+    rollout = FakeRollout(tq_cluster)
+    trainer.agent_loop_manager = rollout
+    trainer.checkpoint_manager = FakeReplicas(rollout)
+    trainer.curr_step_profile = False
+    trainer.replay_buffer.poll_interval = 0.01
+
+    n_rows = trainer.length_sampler.num_rows
+    launch = math.ceil(TRAIN_BATCH * (1 + RATIO))
+    trained_by_epoch, all_metrics = {}, []
+    for step in range(1, 2 * trainer.steps_per_epoch + 1):
+        trainer.global_steps, trainer.timing_raw = step, {}
+        trainer.prepare_step()
+        batch, _ = trainer.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=TRAIN_BATCH)
+        trainer.on_sample_end()
+        data = tq_cluster.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=[ROW_ID])
+        rows = sorted(set(column_to_numpy(data[ROW_ID], dtype=np.int64).tolist()))
+        assert len(rows) == TRAIN_BATCH and len(batch.keys) == TRAIN_BATCH * ROLLOUT_N  # whole groups only
+        epoch = trainer.length_sampler.plan.epoch
+        trained_by_epoch.setdefault(epoch, []).extend(rows)
+        metrics = {**trainer.observe_batch(batch, gen_time_s=1.0), **trainer.over_sample.last_metrics}
+        all_metrics.append(metrics)
+        tq_cluster.kv_clear(keys=batch.keys, partition_id="train")
+        trainer.on_step_end()
+        # nothing of this step is left in TransferQueue: aborted groups were cleared
+        assert not (tq_cluster.kv_list("train") or {}).get("train")
+
+    for epoch, rows in trained_by_epoch.items():
+        assert sorted(rows) == list(range(n_rows)), f"epoch {epoch}"
+    first = all_metrics[0]
+    assert first["rollout/over_sample/launched_groups"] == launch
+    assert first["rollout/over_sample/completed_groups"] == TRAIN_BATCH
+    assert first["rollout/over_sample/aborted_groups"] == launch - TRAIN_BATCH
+    assert first["rollout/over_sample/aborted_tokens"] == 3 * ROLLOUT_N * (launch - TRAIN_BATCH)
+    last = all_metrics[trainer.steps_per_epoch - 1]
+    assert last["rollout/over_sample/launched_groups"] == TRAIN_BATCH  # epoch end: nothing left to over-sample
+    assert ("abort", True) in trainer.checkpoint_manager.calls and ("resume",) in trainer.checkpoint_manager.calls
+    calls = [c[0] for c in trainer.checkpoint_manager.calls]
+    assert calls.index("abort") < calls.index("sleep") < calls.index("update_weights") < calls.index("resume")
+    # aborted partial lengths (3 tokens) never pulled an estimate below what the row really produced
+    est = trainer.length_sampler.estimates
+    trained = np.array(sorted(set(trained_by_epoch[0])))
+    assert np.all(est.value[trained] >= 3)
+    # every row was trained once per epoch, so its full length was observed at least once: with censoring the
+    # 3-token partials of its aborted attempts did not drag it down
+    assert np.all(est.value >= [length_of(r) for r in range(n_rows)])
+    events = (tmp_path / "run" / "over_sample_events.jsonl").read_text().splitlines()
+    assert len(events) == sum(m["rollout/over_sample/aborted_groups"] for m in all_metrics)

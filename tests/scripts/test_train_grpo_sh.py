@@ -1,0 +1,126 @@
+"""``bash scripts/train_grpo.sh`` end to end on a CPU machine: dry runs, the no-GPU stop, preflight failures.
+
+Each run starts a Python and composes verl's config (~8 s here), so the switch combinations are covered in-process
+(test_preflight_combos.py) and these tests cover what only the script does: building the command with the user's
+arguments last, the resolved-config dump, the exit codes and messages, and choosing the smoke preset.
+"""
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_dry_run_prints_the_command_and_dumps_the_resolved_config(run_script, env_30b, tmp_path):
+    dump = tmp_path / "resolved.json"
+    env = {**env_30b, "DRY_RUN": "1", "PREFLIGHT_DUMP": str(dump), "VLLM_EAGER_BASELINE_NO_RESAMPLE": "1",
+           "SAVE_CKPT_ENABLE": "1"}
+    r = run_script("train_grpo.sh", env, "trainer.total_epochs=5", "trainer.test_freq=3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "preflight: OK" in r.stdout and "pipeline layers  11 | 13 | 13 | 11" in r.stdout
+    c = json.loads(dump.read_text())["config"]
+    assert c["trainer"]["total_epochs"] == 5 and c["trainer"]["test_freq"] == 3  # the arguments win
+    assert c["actor_rollout_ref"]["rollout"]["enforce_eager"] is True
+    assert c["data"]["sampler"]["class_path"] is None and c["recipe"]["cap"]["enable"] == 0
+    assert (c["trainer"]["save_freq"], c["trainer"]["resume_mode"]) == (20, "auto")
+    run_dir = f"{env_30b['CKPT_ROOT']}/qwen3-30b-a3b-grpo-baseline"
+    assert c["trainer"]["default_local_dir"] == run_dir
+    assert not (tmp_path / "qwen3-30b-a3b-grpo-baseline").exists()  # a dry run writes nothing
+
+    # The printed command is valid shell; its words are the launch: env vars, recipe.main, the env overrides, the
+    # Hydra run dir inside the run directory, and the user's arguments last.
+    printed = r.stdout.split("the command (not run):\n", 1)[1]
+    words = shlex.split(printed.replace("\\\n", " "))
+    assert words[0] == "env" and f"WANDB_DIR={run_dir}" in words and "WANDB_MODE=offline" in words
+    assert f"VERL_FILE_LOGGER_PATH={run_dir}/logs/metrics.20260101T000000Z.jsonl" in words
+    assert words[words.index("-m") + 1] == "recipe.main"
+    assert words[-2:] == ["trainer.total_epochs=5", "trainer.test_freq=3"]
+    assert f"hydra.run.dir='{run_dir}/hydra/20260101T000000Z'" in words
+    assert "trainer.total_epochs=3" in words  # the env default, overridden by the later argument
+
+
+def test_launch_without_gpu_runs_the_preflight_and_stops(run_script, env_30b):
+    r = run_script("train_grpo.sh", env_30b, gpus=0)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "preflight: OK" in r.stdout
+    assert "no GPU is visible on this machine" in r.stderr and "nothing was launched" in r.stderr
+    assert "DRY_RUN=1" in r.stderr and "RAY_ADDRESS" in r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_preflight_failure_is_reported_without_a_traceback(run_script, env_30b):
+    r = run_script("train_grpo.sh", {**env_30b, "VLLM_ROLLOUT_EARLY_STOP_FACTOR": "abc", "ACTOR_EP": "3"})
+    assert r.returncode == 2
+    assert "preflight: ERROR: VLLM_ROLLOUT_EARLY_STOP_FACTOR='abc' must be a number" in r.stdout
+    assert "preflight: ERROR: ACTOR_EP" not in r.stdout  # 3 parses; the layout check never ran (env phase first)
+    assert "preflight failed" in r.stderr and "Traceback" not in r.stdout + r.stderr
+
+
+def test_gpu_machine_without_model_path_defaults_to_the_smoke_preset(run_script, tmp_path):
+    r = run_script("train_grpo.sh", {"DRY_RUN": "1", "CKPT_ROOT": str(tmp_path)}, gpus=1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "running the 1-GPU smoke preset (PRESET=smoke)" in r.stderr
+    assert "preset           smoke" in r.stdout
+    assert "the smoke preset converts the tiny model into it at launch" in r.stdout
+    assert f"run dir          {tmp_path}/smoke-grpo-resampler" in r.stdout
+
+
+def test_cpu_machine_without_model_path_asks_for_it(run_script, tmp_path):
+    r = run_script("train_grpo.sh", {"DRY_RUN": "1", "CKPT_ROOT": str(tmp_path)}, gpus=0)
+    assert r.returncode == 2
+    assert "MODEL_PATH is not set: export MODEL_PATH=" in r.stdout and "PRESET=smoke" in r.stdout
+
+
+def test_plan_file_round_trips_odd_paths(tmp_path, env_30b, tiny_artifacts):
+    """The launch plan is sourced by bash: paths with spaces and quotes must come back unchanged."""
+    import os
+    import sys
+
+    odd = tmp_path / "it's a dir"
+    odd.mkdir()
+    train = odd / "train.parquet"
+    train.write_bytes(tiny_artifacts.train_parquet.read_bytes())
+    plan = tmp_path / "plan.sh"
+    env = {**os.environ, **env_30b, "TRAIN_FILE": str(train), "CKPT_ROOT": str(odd)}
+    r = subprocess.run([sys.executable, "-m", "recipe.preflight", "--plan-out", str(plan)], env=env, cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = subprocess.run(["bash", "-c", f'source {shlex.quote(str(plan))}; printf "%s\\n" "$PLAN_RUN_DIR" '
+                          '"${PLAN_OVERRIDES[@]}"'], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == f"{odd}/qwen3-30b-a3b-grpo-resampler"
+    assert f'data.train_files="{train}"' in out  # Hydra's double quotes around a path holding a single quote
+
+
+def test_launch_on_a_gpu_machine_converts_tees_and_passes_the_exit_status(run_script, tmp_path):
+    """The launch path with a faked GPU: a stand-in interpreter runs the real preflight but intercepts the
+    conversion (torchrun) and ``recipe.main`` (it prints what it got and exits 7)."""
+    import sys
+
+    py = tmp_path / "python"
+    py.write_text(f"""#!/usr/bin/env bash
+if [[ "$1 $2" == "-m recipe.main" ]]; then
+    shift 2; echo "MAIN WANDB_MODE=$WANDB_MODE VERL_FILE_LOGGER_PATH=$VERL_FILE_LOGGER_PATH"
+    printf '%s\\n' "$@"; exit 7
+fi
+if [[ "$1 $2" == "-m torch.distributed.run" ]]; then
+    while [[ $# -gt 0 && "$1" != --output_path ]]; do shift; done
+    mkdir -p "$2"; echo '{{"sharded_backend": "torch_dist"}}' > "$2/metadata.json"; echo "CONVERTED $2"; exit 0
+fi
+exec {sys.executable} "$@"
+""")
+    py.chmod(0o755)
+    distcp = tmp_path / "smoke-distcp"  # never the shared fixture cache: this checkpoint is fake
+    env = {"PRESET": "smoke", "RECIPE_PYTHON": str(py), "DISTCP_PATH": str(distcp), "CKPT_ROOT": str(tmp_path)}
+    r = run_script("train_grpo.sh", env, "trainer.total_epochs=1", gpus=1)
+    assert r.returncode == 7, r.stdout + r.stderr
+    assert f"CONVERTED {distcp}" in r.stdout and (distcp / "metadata.json").exists()
+    run_dir = tmp_path / "smoke-grpo-resampler"
+    logs = sorted((run_dir / "logs").iterdir())
+    assert [p.name.split(".")[0] for p in logs] == ["console"]  # verl creates metrics.*.jsonl itself
+    console = logs[0].read_text()
+    assert console.startswith("preflight: resolved settings") and f"CONVERTED {distcp}" in console
+    main_out = console.split("MAIN ", 1)[1].splitlines()
+    assert main_out[0] == (f"WANDB_MODE=offline VERL_FILE_LOGGER_PATH={run_dir}/logs/"
+                           f"{logs[0].name.replace('console', 'metrics').replace('.log', '.jsonl')}")
+    assert main_out[-1] == "trainer.total_epochs=1" and main_out[1].startswith("actor_rollout_ref.model.path=")
