@@ -1,7 +1,8 @@
 """How long the simulator takes for one epoch of 1024 prompts x 16 responses (batch 32, response_length 16384).
 
 Reproduce: ``.venv/bin/python bench/sim_speed.py`` (from the repository root). Prints the trace generation time and
-the best-of-3 wall time of one epoch per policy (baseline, seed, best, oversample, partial-rollout).
+the best-of-3 wall time of one epoch per policy (baseline, seed, best, best-onpolicy, oversample-restart,
+partial-rollout-unbounded).
 """
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ def main() -> None:
     t0 = time.perf_counter()
     trace = T.generate("reference", num_prompts=1024, n=16, epochs=1)
     print(f"generate 1024 x 16 x 1 epoch (calibration included): {time.perf_counter() - t0:.2f} s")
-    for name in ("baseline", "seed", "best", "oversample", "partial-rollout"):
+    for name in ("baseline", "seed", "best", "best-onpolicy", "oversample-restart", "partial-rollout-unbounded"):
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
             run = run_policy(trace, name, EngineParams(), batch_size=32)
             best = min(best, time.perf_counter() - t0)
-        print(f"one epoch, {name:15s}: {best:.3f} s for {len(run.steps)} steps "
+        print(f"one epoch, {name:25s}: {best:.3f} s for {len(run.steps)} steps "
               f"({len(run.steps) * 32 * 16} responses)")
     print(f"reproduce: {COMMAND}")
 

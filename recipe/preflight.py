@@ -190,6 +190,12 @@ KNOBS: tuple[Knob, ...] = (
          group=_G_RECIPE),
     Knob("OVER_SAMPLE_RATIO", "float", "0.25", "recipe.over_sample.ratio", "extra prompts per batch (share)",
          minimum=0, group=_G_RECIPE),
+    Knob("OVER_SAMPLE_REQUEUE", "choice", "restart", "recipe.over_sample.requeue", "`restart`: aborted prompts "
+         "regenerate from scratch at the back of the epoch (on-policy); `continue`: partial rollout, resumed next "
+         "step", choices=("restart", "continue"), group=_G_RECIPE),
+    Knob("OVER_SAMPLE_MAX_RESUMES", "int", "1", "recipe.over_sample.max_resumes", "continue: resumes per "
+         "response before it restarts (bounds policy versions per response to this + 1)", minimum=0,
+         group=_G_RECIPE),
     Knob("PROJECT_NAME", "str", "length-aware-grpo", "trainer.project_name", "wandb project", group=_G_RUN),
     Knob("EXPERIMENT_NAME", "str", _experiment_name, "trainer.experiment_name", "run name and run directory name",
          default_doc="`<model>-grpo-<variant>`: `resampler`, `resampler-nocap`, `resampler-calcap`, `-os`, "
@@ -478,6 +484,8 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
         f"recipe.cap.min_tokens={v['VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS']}",
         f"recipe.over_sample.enable={int(v['OVER_SAMPLE_ENABLE'])}",
         f"recipe.over_sample.ratio={v['OVER_SAMPLE_RATIO']}",
+        f"recipe.over_sample.requeue={v['OVER_SAMPLE_REQUEUE']}",
+        f"recipe.over_sample.max_resumes={v['OVER_SAMPLE_MAX_RESUMES']}",
         # run directory, checkpoints, logging
         f"trainer.project_name={_q(v['PROJECT_NAME'], 'PROJECT_NAME')}",
         f"trainer.experiment_name={_q(v['EXPERIMENT_NAME'], 'EXPERIMENT_NAME')}",

@@ -23,10 +23,13 @@ ENV_OF_KEY = {
     "recipe.cap.mode": "VLLM_ROLLOUT_EARLY_STOP_MODE",
     "recipe.over_sample.enable": "OVER_SAMPLE_ENABLE",
     "recipe.over_sample.ratio": "OVER_SAMPLE_RATIO",
+    "recipe.over_sample.requeue": "OVER_SAMPLE_REQUEUE",
     "data.sampler.bucket_size": "SAMPLER_BUCKET_SIZE",
     "data.sampler.ema_decay": "SAMPLER_EMA_DECAY",
     "data.sampler.shuffle_batch_blocks": "SAMPLER_SHUFFLE_BATCH_BLOCKS",
     "data.sampler.statistic": "SAMPLER_STATISTIC",
+    "data.train_batch_size": "TRAIN_BATCH_SIZE",
+    "data.gen_batch_size": "GEN_BATCH_SIZE",
 }
 
 
@@ -121,6 +124,7 @@ class OverSampleSettings:
     enabled: bool
     ratio: float
     requeue: str  # restart | continue
+    max_resumes: int
     mask_stale_tokens: bool
     abort_events: bool
 
@@ -209,11 +213,13 @@ def parse_over_sample(cfg: Mapping, sampler_enabled: bool) -> OverSampleSettings
         enabled=as_bool(o.get("enable", False), "recipe.over_sample.enable"),
         ratio=as_float(o.get("ratio", 0.25), "recipe.over_sample.ratio", low=0.0, high=4.0),
         requeue=str(o.get("requeue", "restart")),
+        max_resumes=as_int(o.get("max_resumes", 1), "recipe.over_sample.max_resumes", minimum=0),
         mask_stale_tokens=as_bool(o.get("mask_stale_tokens", False), "recipe.over_sample.mask_stale_tokens"),
         abort_events=as_bool(o.get("abort_events", False), "recipe.over_sample.abort_events"),
     )
     if out.requeue not in ("restart", "continue"):
-        raise RecipeConfigError(f"recipe.over_sample.requeue must be 'restart' or 'continue', got {out.requeue!r}")
+        raise RecipeConfigError(
+            f"{_where('recipe.over_sample.requeue')} must be 'restart' or 'continue', got {out.requeue!r}")
     if out.enabled and out.ratio <= 0:
         raise RecipeConfigError(
             f"{_where('recipe.over_sample.enable')}=1 with {_where('recipe.over_sample.ratio')}={out.ratio}: "
@@ -238,8 +244,8 @@ def parse_settings(cfg: Mapping) -> RecipeSettings:
     batch_size = train_bs if gen_bs in (None, 0) else as_int(gen_bs, "data.gen_batch_size", minimum=1)
     if train_bs % batch_size:
         raise RecipeConfigError(
-            f"data.train_batch_size={train_bs} is not a multiple of data.gen_batch_size={batch_size}: verl fetches "
-            "whole gen batches per step; make gen_batch_size divide train_batch_size"
+            f"{_where('data.train_batch_size')}={train_bs} is not a multiple of {_where('data.gen_batch_size')}="
+            f"{batch_size}: verl fetches whole gen batches per step; make gen_batch_size divide train_batch_size"
         )
     t = _get(cfg, "recipe.traces", {}) or {}
     return RecipeSettings(

@@ -1,8 +1,10 @@
-"""verl's ``SingleTurnAgentLoop`` with the per-row response cap applied as vLLM ``max_tokens``.
+"""verl's ``SingleTurnAgentLoop`` with the per-row response cap and partial-rollout resumption.
 
 Registered through ``configs/agent_loops.yaml`` (``actor_rollout_ref.rollout.agent.agent_loop_config_path``) and
-made the default agent loop. The cap arrives as a keyword argument (the row field ``response_max_tokens_cap`` that
-the trainer adds on the driver); validation rows never carry it, so validation is never capped.
+made the default agent loop. Both inputs arrive as keyword arguments (row fields the trainer adds on the driver):
+``response_max_tokens_cap`` becomes vLLM ``max_tokens``; ``partial_rollout`` (over-sample ``continue`` mode) makes
+the run resume a response aborted in an earlier step. Validation rows carry neither, so validation is never capped
+or resumed.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from .fields import CAP
+from .fields import CAP, PARTIAL
+from .partial import ContinueFrom, PartialRef, fetch_partial
 
 AGENT_LOOP_NAME = "length_capped_single_turn"
 
@@ -25,7 +28,21 @@ def row_cap(value: Any) -> int:
 class CappedSingleTurnAgentLoop(SingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> Any:
         cap = row_cap(kwargs.get(CAP))
+        limit = self.response_length
         if 0 < cap < self.response_length:
             # verl shares one sampling_params dict between the n responses of a prompt: never mutate it.
             sampling_params = {**sampling_params, "max_tokens": cap}
-        return await super().run(sampling_params, **kwargs)
+            limit = cap
+        ref = PartialRef.from_field(kwargs.get(PARTIAL))
+        if ref is None:
+            return await super().run(sampling_params, **kwargs)
+        session = int(kwargs["session_id"])
+        tokens, logprobs = await fetch_partial(ref, session)
+        self.server_manager = ContinueFrom(self.server_manager, tokens, logprobs, complete=ref.complete[session],
+                                           min_version=ref.min_version, limit=limit)
+        output = await super().run(sampling_params, **kwargs)
+        over_sample = self.config.get("recipe", {}).get("over_sample", {})
+        if over_sample.get("mask_stale_tokens", False):
+            stale = min(len(tokens), len(output.response_mask))
+            output.response_mask = [0] * stale + list(output.response_mask[stale:])
+        return output

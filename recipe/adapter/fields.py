@@ -6,3 +6,4 @@ the trajectory records in TransferQueue, where the trainer reads them back after
 ROW_ID = "dataset_item_idx"  # the dataset row, stable across epochs and resume (verl's ``index`` is not)
 CAP = "response_max_tokens_cap"  # vLLM max_tokens for this row's responses; 0 = no cap
 PREDICTION = "length_prediction"  # the row's length estimate when its batch was formed; NaN = none
+PARTIAL = "partial_rollout"  # JSON: where a re-queued row's partial responses wait in TransferQueue ("" = none)

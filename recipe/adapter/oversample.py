@@ -9,6 +9,10 @@ Per step (``LengthAwareTrainer`` calls these from verl's hooks):
   until the next resume), wait until the leftover groups are terminal in TransferQueue, read their partial lengths
   (censored observations for the estimates), drop them from TransferQueue and re-queue their prompts into the
   epoch. ``resume`` (from ``on_step_end``, after the weight update) re-opens generation.
+* ``continue`` mode: an aborted group's trajectories stay in TransferQueue and its row carries a ``PartialRef`` the
+  next time it is launched (``partial_for``); its agent loops resume each response (recipe/adapter/partial.py).
+  The old trajectories are cleared once the resumed launch has settled. Partial responses are driver memory only:
+  after a checkpoint resume their rows (still re-queued) regenerate from scratch.
 Validation never passes through these hooks (it uses the "val" partition and its own dispatch).
 """
 from __future__ import annotations
@@ -24,7 +28,8 @@ import transfer_queue as tq
 
 from ..core.oversample import OverSampleController, StepOutcome
 from .columns import column_to_numpy, row_sums
-from .fields import ROW_ID
+from .fields import CAP, ROW_ID
+from .partial import PartialRef
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +47,24 @@ class Launch:
 
 
 class OverSampleDriver:
-    def __init__(self, controller: OverSampleController, *, settle_timeout_s: float = 600.0,
+    def __init__(self, controller: OverSampleController, *, rollout_n: int, stop_token_ids: set[int],
+                 response_length: int, has_logprobs: bool, settle_timeout_s: float = 600.0,
                  events_path: str | None = None, poll_s: float = 0.05):
         self.controller = controller
+        self.rollout_n = int(rollout_n)
+        self.stop_token_ids = set(stop_token_ids)
+        self.response_length = int(response_length)
+        self.has_logprobs = bool(has_logprobs)
         self.settle_timeout_s = settle_timeout_s
         self.events_path = events_path
         self.poll_s = poll_s
         self.pending: Launch | None = None
+        self.partials: dict[int, PartialRef] = {}  # row -> where its partial responses wait (continue mode)
         self.last_metrics: dict[str, float] = {}
+
+    def partial_for(self, rows) -> list[str]:
+        """Row field values for a batch being launched: the rows' partial-response descriptors ("" = none)."""
+        return [self.partials[r].to_json() if r in self.partials else "" for r in np.asarray(rows).tolist()]
 
     def launch(self, trainer) -> int:
         sampler = trainer.length_sampler
@@ -57,7 +72,9 @@ class OverSampleDriver:
         batch = trainer._next_train_batch(count)
         uids = [str(u) for u in batch["uid"]]
         rows = column_to_numpy(batch[ROW_ID], dtype=np.int64)
-        self.pending = Launch(uids=uids, rows=rows, time=time.time(), epoch=sampler.plan.epoch)
+        resumed = {r: self.partials.pop(r) for r in rows.tolist() if r in self.partials}
+        self.pending = Launch(uids=uids, rows=rows, time=time.time(), epoch=sampler.plan.epoch,
+                              extra={"resumed": resumed, "caps": column_to_numpy(batch[CAP], dtype=np.int64)})
         return trainer._submit_batch_to_rollout(batch)
 
     def _leftover(self, launch: Launch) -> dict[str, str]:
@@ -86,30 +103,80 @@ class OverSampleDriver:
                     )
                 time.sleep(self.poll_s)
                 leftover.update(self._leftover(launch))
-            aborted_tokens = self._observe_and_clear(trainer, launch, set(leftover))
         idle_s = time.time() - t_target
+        aborted_tokens, kept_tokens = self._observe_and_clear(trainer, launch, set(leftover)) if leftover else (0, 0)
+        self._clear_resumed_sources(launch)
         kept = np.array([u not in leftover for u in launch.uids])
         outcome = StepOutcome(launched=launch.rows, kept=kept, aborted_tokens=aborted_tokens)
-        trainer.length_sampler.plan.requeue(outcome.requeued, where="back")
+        trainer.length_sampler.plan.requeue(outcome.requeued, where=self.controller.requeue_where)
         self.controller.record(launch.epoch, outcome)
         if self.events_path and leftover:
             self._write_events(launch, leftover, t_target)
-        self.last_metrics = {**outcome.metrics(), "rollout/over_sample/target_to_idle_s": idle_s}
+        self.last_metrics = {
+            **outcome.metrics(),
+            "rollout/over_sample/target_to_idle_s": idle_s,
+            "rollout/over_sample/resumed_groups": float(len(launch.extra["resumed"])),
+            "rollout/over_sample/kept_partial_tokens": float(kept_tokens),
+            "rollout/over_sample/discarded_tokens": float(aborted_tokens - kept_tokens),
+        }
         return self.last_metrics
 
-    def _observe_and_clear(self, trainer, launch: Launch, leftover: set[str]) -> int:
+    def _observe_and_clear(self, trainer, launch: Launch, leftover: set[str]) -> tuple[int, int]:
+        """Censored estimate updates from the aborted groups; keep (continue) or drop (restart) their responses.
+        Returns (tokens the aborted groups had generated, tokens kept for resumption)."""
         items = (tq.kv_list(launch.partition_id) or {}).get(launch.partition_id, {})
-        traj = [k for k, t in items.items() if not t.get("is_prompt", False) and k.split("_", 1)[0] in leftover]
-        tokens = 0
+        traj = sorted(k for k, t in items.items()
+                      if not t.get("is_prompt", False) and k.split("_", 1)[0] in leftover)
+        tokens = kept_tokens = 0
+        keep_uids: set[str] = set()
         if traj:
-            data = tq.kv_batch_get(keys=traj, partition_id=launch.partition_id, select_fields=[ROW_ID, "response_mask"])
+            data = tq.kv_batch_get(keys=traj, partition_id=launch.partition_id,
+                                   select_fields=[ROW_ID, "response_mask", "responses"])
             rows = column_to_numpy(data[ROW_ID], dtype=np.int64)
             lengths = row_sums(data["response_mask"])
             tokens = int(lengths.sum())
             # partial lengths are lower bounds: they may raise an estimate, never lower it
             trainer.length_sampler.update(rows, lengths, censored=np.ones(len(rows), bool))
-        tq.kv_clear(keys=sorted(leftover) + traj, partition_id=launch.partition_id)
-        return tokens
+            if self.controller.requeue == "continue":
+                keep_uids = self._keep_partials(launch, traj, items, data["responses"])
+                kept_tokens = int(sum(n for k, n in zip(traj, lengths.tolist()) if k.split("_", 1)[0] in keep_uids))
+        drop = [k for k in traj if k.split("_", 1)[0] not in keep_uids]
+        tq.kv_clear(keys=sorted(leftover) + drop, partition_id=launch.partition_id)
+        return tokens, kept_tokens
+
+    def _keep_partials(self, launch: Launch, traj: list[str], items: dict, responses) -> set[str]:
+        """Register a ``PartialRef`` for each aborted group allowed another resume; returns their uids."""
+        row_of = dict(zip(launch.uids, launch.rows.tolist()))
+        cap_of = dict(zip(launch.uids, launch.extra["caps"].tolist()))
+        seqs = responses.unbind() if getattr(responses, "is_nested", False) else list(responses)
+        by_uid: dict[str, dict[int, tuple[list[int], int]]] = {}
+        for key, seq in zip(traj, seqs):
+            uid, session, _ = key.rsplit("_", 2)
+            version = items[key].get("min_global_steps")
+            by_uid.setdefault(uid, {})[int(session)] = (seq.tolist(), version)
+        kept = set()
+        for uid, sessions in by_uid.items():
+            row = row_of[uid]
+            previous = launch.extra["resumed"].get(row)
+            resumes = previous.resumes if previous is not None else 0
+            if len(sessions) != self.rollout_n or not self.controller.keeps_partial(resumes):
+                continue
+            limit = cap_of[uid] if 0 < cap_of[uid] < self.response_length else self.response_length
+            complete = [bool(tok) and (tok[-1] in self.stop_token_ids or len(tok) >= limit)
+                        for tok, _ in (sessions[s] for s in range(self.rollout_n))]
+            versions = [v for _, v in sessions.values() if v is not None]
+            self.partials[row] = PartialRef(
+                key_prefix=uid, partition_id=launch.partition_id, complete=complete,
+                min_version=int(min(versions)) if versions else 0, resumes=resumes + 1,
+                has_logprobs=self.has_logprobs)
+            kept.add(uid)
+        return kept
+
+    def _clear_resumed_sources(self, launch: Launch) -> None:
+        """The resumed groups' old trajectories have been read by their agent loops: drop them."""
+        keys = [ref.key(s) for ref in launch.extra["resumed"].values() for s in range(self.rollout_n)]
+        if keys:
+            tq.kv_clear(keys=keys, partition_id=launch.partition_id)
 
     def _write_events(self, launch: Launch, leftover: dict[str, str], t_abort: float) -> None:
         os.makedirs(os.path.dirname(self.events_path) or ".", exist_ok=True)

@@ -22,6 +22,7 @@ import transfer_queue as tq
 from omegaconf import OmegaConf, open_dict
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from ..core.cap import make_cap_policy
@@ -30,7 +31,7 @@ from ..core.step_stats import StepResponses, group_tails, step_metrics
 from ..settings import parse_settings
 from ..traces import LengthTraceWriter
 from .columns import column_to_numpy, row_sums
-from .fields import CAP, PREDICTION, ROW_ID
+from .fields import CAP, PARTIAL, PREDICTION, ROW_ID
 from .oversample import OverSampleDriver
 from .sampler import LengthAwareEpochSampler
 
@@ -54,13 +55,7 @@ class LengthAwareTrainer(PPOTrainerSync):
         if self.settings.traces.enabled:
             self.trace_writer = LengthTraceWriter(
                 self.settings.traces.path or os.path.join(run_dir, "length_traces.jsonl"))
-        os_cfg = self.settings.over_sample
-        self.over_sample = None
-        if os_cfg.enabled:
-            self.over_sample = OverSampleDriver(
-                OverSampleController(self.settings.train_batch_size, os_cfg.ratio, os_cfg.requeue),
-                events_path=os.path.join(run_dir, "over_sample_events.jsonl") if os_cfg.abort_events else None,
-            )
+        self.over_sample: OverSampleDriver | None = None  # built with the dataloader (needs the tokenizer)
 
     # -- dataloader ------------------------------------------------------------------------------------------------
     def _init_dataloader(self):
@@ -68,7 +63,18 @@ class LengthAwareTrainer(PPOTrainerSync):
         if not self.settings.sampler.enabled:
             return
         self.length_sampler = LengthAwareEpochSampler.from_settings(self.train_dataset, self.settings)
-        if self.over_sample is not None:
+        os_cfg = self.settings.over_sample
+        if os_cfg.enabled:
+            rollout = self.config.actor_rollout_ref.rollout
+            self.over_sample = OverSampleDriver(
+                OverSampleController(self.settings.train_batch_size, os_cfg.ratio, os_cfg.requeue, os_cfg.max_resumes),
+                rollout_n=rollout.n,
+                stop_token_ids=stop_token_ids(self.tokenizer),
+                response_length=self.settings.response_length,
+                has_logprobs=bool(rollout.get("calculate_log_probs", False)),
+                events_path=(os.path.join(self.config.trainer.default_local_dir, "over_sample_events.jsonl")
+                             if os_cfg.abort_events else None),
+            )
             # Over-sampled steps launch any number of prompts: fetch one row per dataloader batch (verl does the
             # same for its exact refills).
             with open_dict(self.config):
@@ -115,6 +121,8 @@ class LengthAwareTrainer(PPOTrainerSync):
         pred, cap = self.batch_prediction_and_cap(rows)
         batch[PREDICTION] = torch.as_tensor(pred, dtype=torch.float32)
         batch[CAP] = torch.full((len(rows),), cap, dtype=torch.int64)
+        if self.over_sample is not None and self.over_sample.controller.requeue == "continue":
+            tu.assign_non_tensor_stack(batch, PARTIAL, self.over_sample.partial_for(rows))
         return batch
 
     # -- over-sampling ----------------------------------------------------------------------------------------------
@@ -191,6 +199,16 @@ class LengthAwareTrainer(PPOTrainerSync):
                 predicted=[None if not np.isfinite(p) else float(p) for p in resp.predicted],
             )
         return m
+
+
+def stop_token_ids(tokenizer) -> set[int]:
+    """Token ids that end a response (a partial response ending in one is complete, nothing to resume)."""
+    ids = {tokenizer.eos_token_id}
+    for token in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return {i for i in ids if i is not None}
 
 
 def _sample_index(rows: np.ndarray) -> list[int]:

@@ -6,9 +6,13 @@ with all their n responses, aborts every other request, and re-queues the aborte
 (``EpochPlan.requeue``), so every prompt is still trained exactly once per epoch. The epoch's last step has nothing
 left to over-sample from and waits for its groups.
 
-Re-queue modes: ``restart`` generates an aborted prompt afresh when it comes up again (strictly on-policy, the
-aborted tokens are thrown away); ``continue`` keeps the partial responses and resumes them (partial rollout: no
-work is lost, but the resumed responses mix two policy versions).
+Re-queue modes:
+* ``restart`` (default): an aborted prompt is generated afresh when it comes up again, at the back of the epoch
+  with the other long prompts (tail batching). Strictly on-policy; the aborted tokens are thrown away.
+* ``continue`` (partial rollout, as in slime/APRIL): the partial responses are kept and resumed in the very next
+  step (front of the order), so no work is lost; a resumed response mixes tokens of two or more policy versions.
+  ``max_resumes`` bounds that: a group aborted again after that many resumes restarts from scratch, so no
+  trained response spans more than ``max_resumes + 1`` policy versions.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ class OverSampleController:
     batch_size: int
     ratio: float
     requeue: str = "restart"
+    max_resumes: int = 1
     trained_this_epoch: dict[int, set] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -58,6 +63,17 @@ class OverSampleController:
             raise ValueError(f"over-sample ratio must be >= 0, got {self.ratio}")
         if self.requeue not in REQUEUE_MODES:
             raise ValueError(f"over-sample requeue {self.requeue!r} is not one of {REQUEUE_MODES}")
+        if self.max_resumes < 0:
+            raise ValueError(f"over-sample max_resumes must be >= 0, got {self.max_resumes}")
+
+    @property
+    def requeue_where(self) -> str:
+        """Where aborted prompts go back into the epoch (``EpochPlan.requeue``)."""
+        return "front" if self.requeue == "continue" else "back"
+
+    def keeps_partial(self, resumes_so_far: int) -> bool:
+        """Whether an aborted group's partial responses are kept for resumption (else it restarts)."""
+        return self.requeue == "continue" and resumes_so_far < self.max_resumes
 
     def launch_count(self, remaining_in_epoch: int) -> int:
         """Prompts to launch this step: ``ceil(B * (1 + ratio))``, capped by what the epoch has left."""
@@ -103,6 +119,6 @@ def run_oversampled_step(controller: OverSampleController, plan, completion_time
     launched = plan.take(controller.launch_count(plan.num_remaining()))
     kept = controller.select(completion_time_of(launched))
     outcome = StepOutcome(launched=launched, kept=kept)
-    plan.requeue(outcome.requeued, where="back")
+    plan.requeue(outcome.requeued, where=controller.requeue_where)
     controller.record(plan.epoch, outcome)
     return outcome

@@ -2,8 +2,9 @@
 
 Prints a markdown table (or, with ``--json``, exactly one JSON object). Ratios use the epochs after the first,
 since epoch 0 has no length estimates. Reference run: ``python -m recipe.sim`` (1024 prompts x n=16, 4 epochs,
-batch 32, response_length 16384, policies ``DEFAULT_POLICIES``). ``best`` is the fastest on-policy composition of
-recipe.core pieces; ``partial-rollout`` trains partly off-policy and is shown for the trade-off, not as ``best``.
+batch 32, response_length 16384, policies ``DEFAULT_POLICIES``). ``best`` is the project's best policy: length-aware
+order + over-sample ``continue`` (partial rollout) bounded by ``max_resumes``, so it trains partly on tokens of the
+previous policy version (see the stale columns); ``best-onpolicy`` is the fastest strictly on-policy composition.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from .engine import EngineParams, fit_engine
 from .policies import POLICIES
 from .run import simulate, warm_epochs
 
-DEFAULT_POLICIES = "baseline,seed,best,best-nocap,oversample,partial-rollout,oracle"
+DEFAULT_POLICIES = "baseline,seed,best,best-onpolicy,oversample-restart,partial-rollout-unbounded,oracle"
 MOONSHOT_SPEEDUP = 1.5
 MOONSHOT_EXTRA_TRUNCATION = 0.01
 
@@ -99,6 +100,8 @@ def goals(policies: list[dict]) -> dict:
         out["best_beats_seed_by_0.1"] = out["best_minus_seed_speedup"] >= 0.1
         out["best_truncates_no_more_than_seed"] = best["truncated_fraction"] <= seed["truncated_fraction"]
         out["best_trains_every_prompt_once"] = best["every_prompt_once_per_epoch"]
+        out["best_max_policy_versions"] = best["max_policy_versions"]
+        out["best_stale_token_fraction"] = best["stale_token_fraction"]
         out["policies_meeting_the_best_goal"] = [
             p["name"] for p in policies
             if p["name"] != "oracle" and p["speedup_vs_baseline"] - seed["speedup_vs_baseline"] >= 0.1
@@ -109,7 +112,12 @@ def goals(policies: list[dict]) -> dict:
     out["moonshot"] = {"target_speedup": MOONSHOT_SPEEDUP, "max_truncated_fraction": round(limit, 5),
                        "closest_policy": top["name"], "speedup": top["speedup_vs_baseline"],
                        "gap": round(MOONSHOT_SPEEDUP - top["speedup_vs_baseline"], 4),
-                       "closest_max_policy_versions": top["max_policy_versions"]}
+                       "closest_max_policy_versions": top["max_policy_versions"],
+                       "closest_stale_token_fraction": top["stale_token_fraction"]}
+    onpolicy = [p for p in real if p["max_policy_versions"] == 1]
+    if onpolicy:
+        top_on = max(onpolicy, key=lambda p: p["speedup_vs_baseline"])
+        out["moonshot"].update(closest_onpolicy_policy=top_on["name"], onpolicy_speedup=top_on["speedup_vs_baseline"])
     return out
 
 
@@ -124,30 +132,36 @@ def markdown(report: dict) -> str:
              f"{report['lower_bound_s']} s",
              "",
              "| policy | speedup vs baseline | time / oracle | time / lower bound | epoch times (s)"
-             " | step p50 / p95 / max (s) | tokens/s | truncated | capped | wasted tokens"
-             " | resumed groups (max versions) | prompts trained per epoch |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             " | step p50 / p95 / max (s) | tokens/s | truncated | capped | trained mean length | wasted tokens"
+             " | resumed responses | stale tokens | max versions | prompts trained per epoch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in report["policies"]:
         lines.append(
             f"| {p['name']} | {p['speedup_vs_baseline']:.3f} | {p['time_vs_oracle'] or '-'} | "
             f"{p['time_vs_lower_bound']:.2f} | {' / '.join(f'{t:.0f}' for t in p['epoch_times_s'])} | "
             f"{p['step_time_p50_s']:.0f} / {p['step_time_p95_s']:.0f} / {p['step_time_max_s']:.0f} | "
             f"{p['tokens_per_s']:.0f} | {100 * p['truncated_fraction']:.2f}% | {100 * p['capped_fraction']:.2f}% | "
-            f"{100 * p['wasted_tokens_fraction']:.1f}% | {100 * p['resumed_group_fraction']:.0f}% "
-            f"({p['max_policy_versions']}) | {p['prompts_trained_per_epoch']} |")
+            f"{p['trained_mean_length']:.0f} | {100 * p['wasted_tokens_fraction']:.1f}% | "
+            f"{100 * p['resumed_response_fraction']:.0f}% | {100 * p['stale_token_fraction']:.1f}% | "
+            f"{p['max_policy_versions']} | {p['prompts_trained_per_epoch']} |")
     g = report["goals"]
     lines.append("")
     if "best_minus_seed_speedup" in g:
         lines.append(f"- best - seed speedup: {g['best_minus_seed_speedup']:+.3f} (goal >= +0.1: "
                      f"{'met' if g['best_beats_seed_by_0.1'] else 'NOT met'}); best truncates no more than seed: "
                      f"{g['best_truncates_no_more_than_seed']}; every prompt once per epoch: "
-                     f"{g['best_trains_every_prompt_once']}; policies meeting that goal: "
+                     f"{g['best_trains_every_prompt_once']}; best trains on up to {g['best_max_policy_versions']}"
+                     f" policy versions per response, {100 * g['best_stale_token_fraction']:.1f}% of its trained "
+                     f"tokens from an older policy; policies meeting that goal: "
                      f"{', '.join(g['policies_meeting_the_best_goal']) or 'none'}")
     m = g["moonshot"]
     lines.append(f"- moonshot {m['target_speedup']}x at truncation <= {100 * m['max_truncated_fraction']:.2f}%: "
                  f"closest "
                  f"{m['closest_policy']} at {m['speedup']:.3f}x (gap {m['gap']:+.3f}; trains on up to "
-                 f"{m['closest_max_policy_versions']} policy versions per group)")
+                 f"{m['closest_max_policy_versions']} policy versions per response, "
+                 f"{100 * m['closest_stale_token_fraction']:.1f}% stale tokens)"
+                 + (f"; closest strictly on-policy: {m['closest_onpolicy_policy']} at {m['onpolicy_speedup']:.3f}x"
+                    if "closest_onpolicy_policy" in m else ""))
     return "\n".join(lines)
 
 

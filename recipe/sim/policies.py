@@ -10,16 +10,20 @@ Row order comes from ``EpochPlan`` in all three modes: ``plan`` sorts by the pol
 gives it an estimator that never observes anything (so every epoch is a fresh seeded permutation, verl's
 RandomSampler), and ``oracle`` gives it an estimator overwritten with the epoch's true group maxima before the epoch
 starts. Over-sampling uses ``recipe.core.oversample.OverSampleController`` and ``EpochPlan.requeue`` in the order
-``recipe/adapter/oversample.py`` does. A new kind of policy registers a spec (``register``) or subclasses ``Policy``.
+``recipe/adapter/oversample.py`` does; the controller alone decides where aborted prompts go (``requeue_where``:
+``restart`` -> back, ``continue`` -> front) and whether an aborted group keeps its partial responses
+(``keeps_partial(resumes_so_far)``, bounded by ``max_resumes``), as the trainer's driver and ``PartialRef.resumes``
+do. A new kind of policy registers a spec (``register``) or subclasses ``Policy``.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from recipe.core.cap import make_cap_policy
+from recipe.core.cap import CalibratedCap, SeedCap, make_cap_policy
 from recipe.core.estimates import LengthEstimates
 from recipe.core.ordering import EpochPlan
 from recipe.core.oversample import REQUEUE_MODES, OverSampleController, StepOutcome
@@ -30,6 +34,7 @@ from .tailcut import TailCut
 ORDERS = ("random", "plan", "oracle")
 CAPS = ("none", "seed", "calibrated")
 CAP_SCOPES = ("batch", "row")
+_TOKEN_KWARGS = ("min_tokens", "align")  # cap arguments counted in tokens (PolicySpec.scaled)
 
 
 @dataclass(frozen=True)
@@ -45,15 +50,26 @@ class PolicySpec:
     cap_kwargs: dict = field(default_factory=dict)
     cap_scope: str = "batch"  # batch: one cap from all rows' estimates; row: each row's cap from its own estimate
     oversample_ratio: float = 0.0  # 0: wait for every group (recipe.core.oversample)
-    oversample_requeue: str = "restart"  # restart | continue (partial rollout)
-    requeue_where: str = "back"  # EpochPlan.requeue: back (the trainer's choice) | front (next step)
+    oversample_requeue: str = "restart"  # restart (back, fresh) | continue (front, partial rollout)
+    max_resumes: int = 1  # continue: resumes a partial group gets before it restarts (OverSampleController)
     tail_cut: float = 1.0  # end the step when this fraction of its responses is done (1: wait for all)
 
     def __post_init__(self):
         if (self.order not in ORDERS or self.cap not in CAPS or self.cap_scope not in CAP_SCOPES
-                or self.oversample_requeue not in REQUEUE_MODES or self.requeue_where not in ("back", "front")):
+                or self.oversample_requeue not in REQUEUE_MODES or self.max_resumes < 0):
             raise ValueError(f"policy {self.name!r}: order must be one of {ORDERS}, cap one of {CAPS}, cap_scope"
-                             f" one of {CAP_SCOPES} and oversample_requeue one of {REQUEUE_MODES}")
+                             f" one of {CAP_SCOPES}, oversample_requeue one of {REQUEUE_MODES} and max_resumes >= 0")
+
+    def scaled(self, factor: float) -> PolicySpec:
+        """The same policy for a trace whose lengths were multiplied by ``factor`` (``Trace.scaled``): every
+        parameter counted in tokens (bucket size; the caps' ``min_tokens`` and ``align``, defaults included) is
+        multiplied too, rounded, at least 1. Ratios (cap factor, quantile, over-sample ratio) stay."""
+        cls = {"seed": SeedCap, "calibrated": CalibratedCap}.get(self.cap)
+        tokens = {} if cls is None else {k: v.default for k, v in inspect.signature(cls).parameters.items()
+                                         if k in _TOKEN_KWARGS}
+        kw = {**tokens, **self.cap_kwargs}
+        kw.update({k: max(1, int(round(kw[k] * factor))) for k in tokens})
+        return dataclasses.replace(self, bucket_size=max(1.0, self.bucket_size * factor), cap_kwargs=kw)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -62,7 +78,8 @@ class PolicySpec:
             d.pop("cap_scope")
         if self.oversample_ratio == 0:
             d.pop("oversample_requeue")
-            d.pop("requeue_where")
+        if self.oversample_ratio == 0 or self.oversample_requeue != "continue":
+            d.pop("max_resumes")
         if self.tail_cut == 1.0:
             d.pop("tail_cut")
         return d
@@ -74,6 +91,8 @@ class StepPlan:
     caps: np.ndarray  # max_tokens of each launched row (0: none, i.e. response_length)
     keep: int | None  # keep the first ``keep`` complete groups and abort the rest (None: wait for all)
     predicted: np.ndarray  # estimate of each launched row at planning time (NaN: never observed)
+    resumes: np.ndarray  # per launched row: resumes of its partial group, this launch included (0: a fresh group)
+    keep_partial: np.ndarray | None = None  # set by ``Policy.observe``: aborted rows whose partial responses stay
 
 
 class Policy:
@@ -96,8 +115,9 @@ class Policy:
         self.plan = EpochPlan(self._order_est, batch_size=batch_size, bucket_size=spec.bucket_size,
                               shuffle_batch_blocks=spec.shuffle_batch_blocks, seed=seed)
         self.cap = None if spec.cap == "none" else make_cap_policy(spec.cap, response_length, **spec.cap_kwargs)
-        self.oversample = (OverSampleController(batch_size, spec.oversample_ratio, spec.oversample_requeue)
-                           if spec.oversample_ratio > 0 else None)
+        self.oversample = (OverSampleController(batch_size, spec.oversample_ratio, spec.oversample_requeue,
+                                                spec.max_resumes) if spec.oversample_ratio > 0 else None)
+        self.partial_resumes: dict[int, int] = {}  # rows whose partial group waits to be resumed -> resumes so far
         self.tail_cut = TailCut(spec.tail_cut) if spec.tail_cut < 1.0 else None
         self.epoch = -1
 
@@ -116,7 +136,9 @@ class Policy:
         rows = self.plan.take(k)
         keep = self.batch_size if len(rows) > self.batch_size else None
         predicted = self.estimates.get(rows, fill_prior=False)
-        return StepPlan(rows=rows, caps=self._caps(predicted), keep=keep, predicted=predicted)
+        resumes = np.array([self.partial_resumes.pop(int(r)) + 1 if int(r) in self.partial_resumes else 0
+                            for r in rows], np.int64)
+        return StepPlan(rows=rows, caps=self._caps(predicted), keep=keep, predicted=predicted, resumes=resumes)
 
     def _caps(self, predicted: np.ndarray) -> np.ndarray:
         """Per-row max_tokens; ``row`` scope asks the same cap formula about a batch of one row."""
@@ -132,17 +154,23 @@ class Policy:
         ``lengths[row_in_plan, sample]``: tokens each response has; ``kept``: groups trained this step;
         ``stopped``: responses ended before their natural end by an abort (a tail cut, or a group that lost the
         over-sampling race). Aborted groups first (``recipe/adapter/oversample.py`` settle: partial lengths as
-        censored observations, re-queue into the plan, epoch accounting), then the trained groups.
+        censored observations, re-queue where the controller says, epoch accounting), then the trained groups.
+        Sets ``plan.keep_partial``: the aborted rows the controller resumes next time (the others restart).
         """
         n = lengths.shape[1]
+        plan.keep_partial = np.zeros(len(plan.rows), bool)
         if self.oversample:
             lost = ~kept
             if lost.any():
                 self.estimates.update(np.repeat(plan.rows[lost], n), lengths[lost].ravel(),
                                       np.ones(int(lost.sum()) * n, bool))
             outcome = StepOutcome(launched=plan.rows, kept=kept, aborted_tokens=int(lengths[lost].sum()))
-            self.plan.requeue(outcome.requeued, where=self.spec.requeue_where)
+            self.plan.requeue(outcome.requeued, where=self.oversample.requeue_where)
             self.oversample.record(self.epoch, outcome)
+            for i in np.flatnonzero(lost):
+                if self.oversample.keeps_partial(int(plan.resumes[i])):
+                    plan.keep_partial[i] = True
+                    self.partial_resumes[int(plan.rows[i])] = int(plan.resumes[i])
         rows, pred = plan.rows[kept], plan.predicted[kept]
         resp = StepResponses(rows=np.repeat(rows, n), lengths=lengths[kept].ravel(),
                              caps=np.repeat(plan.caps[kept], n), predicted=np.repeat(pred, n),
@@ -171,34 +199,42 @@ def make_policy(name: str, **kw) -> Policy:
 
 SEED_CAP = {"factor": 2.0, "min_tokens": 10000}
 _SEED = dict(order="plan", statistic="mean", ema_decay=0.7, bucket_size=1024)
-# Chosen with bench/sim_sweep.py on the reference trace (seeds 0-2): the fastest on-policy recipe.core composition
-# that truncates no more than the seed on every seed. Its edge over the seed is small (-0.01..+0.02 speedup, 0.1-0.8
-# points less truncation): every order + cap candidate sits on one speedup-vs-truncation curve. Statistic, EMA and
-# bucket barely matter (bucket_size does not change ordering.length_sorted_order at all); the cap is the lever.
-_BEST = dict(order="plan", statistic="mean", ema_decay=0.5, bucket_size=1024)
-BEST_CAP = {"quantile": 0.8}
+# best-onpolicy (bench/sim_sweep.py --groups onpolicy, reference trace, seeds 0-2): the fastest strictly on-policy
+# recipe.core composition that truncates no more than the seed on every seed. Its edge over the seed is small
+# (-0.01..+0.02 speedup, 0.1-0.8 points less truncation): every order + cap candidate sits on one
+# speedup-vs-truncation curve. Statistic, EMA and bucket barely matter (bucket_size does not change
+# ordering.length_sorted_order at all); the cap is the lever.
+_ONPOLICY = dict(order="plan", statistic="mean", ema_decay=0.5, bucket_size=1024)
+ONPOLICY_CAP = {"quantile": 0.8}
+# best (bench/sim_sweep.py --groups continue, reference trace, seeds 0-2): length-aware order + over-sample
+# ``continue`` (partial rollout) with max_resumes=1, no cap; see BEST_RATIO's comment and bench/RESULTS.md.
+BEST_RATIO = 1.0
+BEST_MAX_RESUMES = 1
+RESTART_RATIO = 0.125
+UNBOUNDED_RESUMES = 10_000
 
 register(PolicySpec("baseline", "verl RandomSampler: a new random order every epoch, no cap", order="random"))
 register(PolicySpec("baseline+seedcap", "random order with the seed's cap", order="random", cap="seed",
                     cap_kwargs=SEED_CAP))
-register(PolicySpec("baseline+calcap", "random order with best's calibrated cap", order="random", cap="calibrated",
-                    cap_kwargs=BEST_CAP))
 register(PolicySpec("seed", "the seed: EMA 0.7 mean estimates, bucket 1024, block shuffle, cap 2x mean >= 10000",
                     **_SEED, cap="seed", cap_kwargs=SEED_CAP))
 register(PolicySpec("seed-nocap", "the seed's order without its cap", **_SEED))
-register(PolicySpec("seed+calcap", "the seed's order with the calibrated cap (defaults)", **_SEED, cap="calibrated"))
-register(PolicySpec("best", "EMA 0.5 mean estimates, calibrated cap: batch max estimate x q0.8 of observed/predicted",
-                    **_BEST, cap="calibrated", cap_kwargs=BEST_CAP))
-register(PolicySpec("best-nocap", "best's order without a cap", **_BEST))
-register(PolicySpec("best+seedcap", "best's order with the seed's cap", **_BEST, cap="seed", cap_kwargs=SEED_CAP))
+register(PolicySpec("best", f"length-aware order (EMA 0.5 mean), no cap, launch {1 + BEST_RATIO:g}x the prompts, "
+                    f"keep the first B groups, resume the others next step (continue, front), at most "
+                    f"{BEST_MAX_RESUMES} resume(s) per group: off-policy tokens, see stale_token_fraction",
+                    **_ONPOLICY, oversample_ratio=BEST_RATIO, oversample_requeue="continue",
+                    max_resumes=BEST_MAX_RESUMES))
+register(PolicySpec("best-onpolicy", "the best strictly on-policy policy: EMA 0.5 mean estimates, calibrated cap "
+                    "(batch max estimate x q0.8 of observed/predicted)", **_ONPOLICY, cap="calibrated",
+                    cap_kwargs=ONPOLICY_CAP))
+register(PolicySpec("best-onpolicy-nocap", "best-onpolicy's order without a cap", **_ONPOLICY))
+register(PolicySpec("oversample-restart", f"best-onpolicy's order, no cap, launch {100 * RESTART_RATIO:g}% more "
+                    "prompts, keep the first B groups, restart the others at the back of the epoch (on-policy, "
+                    "aborted tokens wasted)", **_ONPOLICY, oversample_ratio=RESTART_RATIO))
+register(PolicySpec("partial-rollout-unbounded", f"best without the resume bound (max_resumes={UNBOUNDED_RESUMES})",
+                    **_ONPOLICY, oversample_ratio=BEST_RATIO, oversample_requeue="continue",
+                    max_resumes=UNBOUNDED_RESUMES))
 register(PolicySpec("oracle", "order by this epoch's true group maxima, no cap (not realisable)", order="oracle"))
-register(PolicySpec("oversample", "best's order, no cap, launch 12.5% more prompts, keep the first 32 groups, restart"
-                    " the others at the back of the epoch (recipe.core.oversample as the trainer runs it)",
-                    **_BEST, oversample_ratio=0.125))
-register(PolicySpec("baseline+oversample", "random order, otherwise as oversample", order="random",
-                    oversample_ratio=0.125))
-register(PolicySpec("partial-rollout", "best's order, no cap, launch 2x the prompts, keep the first 32 groups, resume"
-                    " the others next step (requeue continue + front): off-policy tokens, see max_policy_versions",
-                    **_BEST, oversample_ratio=1.0, oversample_requeue="continue", requeue_where="front"))
-register(PolicySpec("tailcut", "best's order and cap; end each step when 98% of its responses are done"
-                    " (needs a recipe/core piece)", **_BEST, cap="calibrated", cap_kwargs=BEST_CAP, tail_cut=0.98))
+register(PolicySpec("tailcut", "best-onpolicy's order and cap; end each step when 98% of its responses are done"
+                    " (needs a recipe/core piece)", **_ONPOLICY, cap="calibrated", cap_kwargs=ONPOLICY_CAP,
+                    tail_cut=0.98))

@@ -165,6 +165,22 @@ class Trace:
             params={**self.params, "response_length": int(response_length)},
         )
 
+    def scaled(self, response_length: int) -> Trace:
+        """The same trace in units of ``response_length / self.response_length`` (for replays on a small engine):
+        every length multiplied by that factor and rounded (at least 1), so a response truncated at the old limit
+        is truncated at the new one. Retries of a generated trace keep drawing from the same, rescaled levels."""
+        f = response_length / self.response_length
+        if not 0 < f <= 1:
+            raise ValueError(f"scale to response_length {response_length}: must lie in [1, {self.response_length}]")
+        lengths = np.clip(np.rint(self.lengths * f), 1, response_length).astype(np.int64)
+        lengths[self.truncated] = response_length
+        params = {**self.params, "response_length": int(response_length), "scaled_from": self.response_length,
+                  "scale": f}
+        if "min_length" in params:
+            params["min_length"] = max(1, int(round(params["min_length"] * f)))
+        return dataclasses.replace(self, lengths=lengths, response_length=int(response_length), params=params,
+                                   level=None if self.level is None else self.level + math.log(f))
+
     def summary(self) -> dict:
         """Per-epoch mean length and truncated fraction (what the calibration targets)."""
         return {

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Environment for running verl, Ray and vLLM on small CPU machines (sourced by scripts/test.sh).
 # No hub access: everything is built locally. Ray must not try to reach anything or start a dashboard.
 export HF_HUB_OFFLINE=1

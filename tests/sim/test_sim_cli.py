@@ -33,12 +33,12 @@ def test_default_json_is_the_reference_run():
 
 def test_options_record_and_replay(tmp_path):
     out = sim("--json", "--trace", "bimodal", "--prompts", "96", "--n", "4", "--epochs", "2", "--batch-size", "16",
-              "--policies", "seed,oversample", "--replicas", "2", "--decode-a", "0.02", "--record", str(tmp_path))
+              "--policies", "seed,oversample-restart", "--replicas", "2", "--decode-a", "0.02", "--record", str(tmp_path))
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["engine"]["replicas"] == 2 and report["engine"]["decode_a"] == 0.02
-    assert [p["name"] for p in report["policies"]] == ["baseline", "seed", "oversample"]
-    assert sorted(f.name for f in tmp_path.iterdir()) == ["baseline.jsonl", "oversample.jsonl", "seed.jsonl"]
+    assert [p["name"] for p in report["policies"]] == ["baseline", "seed", "oversample-restart"]
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["baseline.jsonl", "oversample-restart.jsonl", "seed.jsonl"]
     replay = sim("--json", "--trace", str(tmp_path / "baseline.jsonl"), "--batch-size", "16", "--fit-engine",
                  "--policies", "best")
     assert replay.returncode == 0, replay.stderr

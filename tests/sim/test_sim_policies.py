@@ -1,4 +1,5 @@
-"""Policies drive recipe.core as the trainer does; every prompt is trained once per epoch; determinism."""
+"""Policies drive recipe.core as the trainer does; every prompt is trained once per epoch; over-sampling's restart
+and continue (max_resumes) semantics come from the controller; determinism."""
 import json
 import math
 
@@ -8,7 +9,7 @@ import pytest
 from recipe.core.cap import SeedCap
 from recipe.sim import trace as T
 from recipe.sim.engine import EngineParams
-from recipe.sim.policies import POLICIES, make_policy
+from recipe.sim.policies import POLICIES, PolicySpec, make_policy, register
 from recipe.sim.run import run_policy, simulate, summarize
 from recipe.sim.tailcut import TailCut
 
@@ -21,6 +22,11 @@ def test_every_prompt_trained_once_per_epoch(name):
     s = summarize(run, TRACE.epochs, TRACE.num_prompts)
     assert s["every_prompt_once_per_epoch"] and s["prompts_trained_per_epoch"] == [128] * 3
     assert all(len(st.trained_rows) == 16 for st in run.steps)  # every step trains exactly one batch
+    # every decoded token is either trained or thrown away by a restart
+    assert sum(st.tokens for st in run.steps) == sum(st.trained_tokens + st.wasted_tokens for st in run.steps)
+    assert s["max_policy_versions"] <= POLICIES[name].max_resumes + 1
+    if POLICIES[name].oversample_requeue != "continue" or POLICIES[name].oversample_ratio == 0:
+        assert s["max_policy_versions"] == 1 and s["stale_token_fraction"] == 0 == s["resumed_response_fraction"]
     if POLICIES[name].oversample_ratio == 0:
         assert s["steps_per_epoch"] == [8] * 3 and s["wasted_tokens_fraction"] == 0
     if POLICIES[name].oversample_ratio == 0 and POLICIES[name].tail_cut == 1.0:
@@ -62,48 +68,95 @@ def test_observe_feeds_estimates_with_censoring():
     assert est.tolist() == [15, 65, 50, 6] and pol.estimates.censored[plan.rows].tolist() == [False, True, False, False]
 
 
-def test_best_calibrated_cap_learns_and_binds():
-    run = run_policy(TRACE, "best", EngineParams(), batch_size=16)
+def test_best_onpolicy_calibrated_cap_learns_and_binds():
+    run = run_policy(TRACE, "best-onpolicy", EngineParams(), batch_size=16)
     caps = [st.caps[0] for st in run.steps]
     assert all(c == 0 for c in caps[:8]) and any(c > 0 for c in caps[8:])
 
 
-def test_oversample_follows_the_trainer_protocol():
-    """recipe.core's controller and EpochPlan.requeue drive it: losers are re-queued, trained later in the epoch
-    (the controller's epoch accounting raises on a double training), and their partial lengths raise estimates."""
-    pol = make_policy("oversample", num_rows=64, batch_size=8, response_length=1000, seed=0)
+def _lose(pol, plan, lost_index, partial=(400, 30)):
+    """Observe a step of 2-response groups in which launched row ``lost_index`` lost the race."""
+    lengths = np.full((len(plan.rows), 2), 100)
+    lengths[lost_index] = partial
+    kept = np.ones(len(plan.rows), bool)
+    kept[lost_index] = False
+    stopped = np.zeros(lengths.shape, bool)
+    stopped[lost_index] = True
+    pol.observe(plan, lengths, kept, stopped)
+    return plan.rows[lost_index]
+
+
+def test_restart_requeues_at_the_back_and_redraws():
+    """recipe.core's controller and EpochPlan.requeue drive it: losers go to the back, are trained later in the
+    epoch (the controller's epoch accounting raises on a double training), and their partial lengths raise
+    estimates; nothing of them is kept."""
+    pol = make_policy("oversample-restart", num_rows=64, batch_size=8, response_length=1000, seed=0)
+    assert pol.oversample.requeue_where == "back"
     pol.start_epoch(0)
     plan = pol.plan_step()
-    assert len(plan.rows) == 9 and plan.keep == 8  # ceil(8 * 1.125)
-    lengths = np.full((9, 2), 100)
-    lengths[3] = [400, 30]  # lost the race: partial lengths
-    kept = np.ones(9, bool)
-    kept[3] = False
-    stopped = np.zeros((9, 2), bool)
-    stopped[3] = True
-    pol.observe(plan, lengths, kept, stopped)
-    lost = plan.rows[3]
+    assert len(plan.rows) == 9 and plan.keep == 8 and plan.resumes.tolist() == [0] * 9  # ceil(8 * 1.125)
+    lost = _lose(pol, plan, 3)
     assert pol.plan.remaining()[-1] == lost and pol.estimates.censored[lost]
     assert pol.estimates.get([lost])[0] == 215  # the mean of the partial lengths, a lower bound
-    run = run_policy(TRACE, "partial-rollout", EngineParams(), batch_size=16)
-    assert sum(s.wasted_tokens for s in run.steps) == 0 and sum(s.tokens for s in run.steps) == TRACE.lengths.sum()
+    assert not plan.keep_partial.any() and not pol.partial_resumes
+    run = run_policy(TRACE, "oversample-restart", EngineParams(), batch_size=16)
     s = summarize(run, TRACE.epochs, TRACE.num_prompts)
-    assert s["resumed_group_fraction"] > 0 and 1 < s["max_policy_versions"] <= 4  # front: resumed next step
-    restart = run_policy(TRACE, "oversample", EngineParams(), batch_size=16)
-    assert sum(s.wasted_tokens for s in restart.steps) > 0
+    assert s["wasted_tokens_fraction"] > 0 and s["restarted_groups"] > 0 and s["stale_token_fraction"] == 0
+    assert s["every_prompt_once_per_epoch"] and s["max_policy_versions"] == 1
+
+
+def test_continue_requeues_at_the_front_and_resumes_at_most_max_resumes_times():
+    pol = make_policy("best", num_rows=64, batch_size=8, response_length=1000, seed=0)
+    ctl = pol.oversample
+    assert (ctl.requeue, ctl.requeue_where, ctl.max_resumes) == ("continue", "front", POLICIES["best"].max_resumes)
+    assert ctl.max_resumes == 1
+    pol.start_epoch(0)
+    plan = pol.plan_step()
+    lost = _lose(pol, plan, 5)
+    assert pol.plan.remaining()[0] == lost and plan.keep_partial.tolist() == [i == 5 for i in range(len(plan.rows))]
+    again = pol.plan_step()
+    assert again.rows[0] == lost and again.resumes.tolist() == [1] + [0] * (len(again.rows) - 1)
+    _lose(pol, again, 0)  # lost a second time after its one resume: the controller restarts it
+    assert pol.plan.remaining()[0] == lost and not again.keep_partial.any() and not pol.partial_resumes
+    third = pol.plan_step()
+    assert third.rows[0] == lost and third.resumes[0] == 0  # a fresh group, which may be resumed once again
+
+
+@pytest.mark.parametrize("max_resumes", [0, 1, 2, 10_000])
+def test_continue_bounds_policy_versions(max_resumes):
+    name = f"test-continue-{max_resumes}"
+    register(PolicySpec(name, ema_decay=0.5, oversample_ratio=1.0, oversample_requeue="continue",
+                        max_resumes=max_resumes))
+    try:
+        run = run_policy(TRACE, name, EngineParams(), batch_size=16)
+    finally:
+        del POLICIES[name]
+    s = summarize(run, TRACE.epochs, TRACE.num_prompts)
+    assert s["every_prompt_once_per_epoch"]
+    versions = np.concatenate([st.versions for st in run.steps])  # per trained response, every epoch
+    assert versions.max() <= max_resumes + 1 and s["max_policy_versions"] <= versions.max()
+    stale = sum(st.stale_tokens for st in run.steps)
+    if max_resumes == 0:  # continue without resumes: every aborted group restarts (at the front), on-policy
+        assert stale == 0 and versions.max() == 1 and s["wasted_tokens_fraction"] > 0
+    else:
+        assert versions.max() == max_resumes + 1 or max_resumes > 3
+        assert 0 < s["stale_token_fraction"] < 1 and 0 < s["resumed_response_fraction"] <= 1
+    if max_resumes >= 10:  # effectively unbounded: nothing is thrown away, every desired token decoded once
+        assert sum(st.wasted_tokens for st in run.steps) == 0
+        assert sum(st.tokens for st in run.steps) == TRACE.lengths.sum()
 
 
 def test_tail_cut_stops_stragglers_and_counts_them_truncated():
     assert TailCut(0.5).cut_time([4.0, 1.0, 3.0, 2.0]) == 2.0
     assert TailCut(1.0).cut_time([4.0, 1.0]) == 4.0
     run = run_policy(TRACE, "tailcut", EngineParams(), batch_size=16)
-    full = run_policy(TRACE, "best", EngineParams(), batch_size=16)
+    full = run_policy(TRACE, "best-onpolicy", EngineParams(), batch_size=16)  # the same order and cap
     assert sum(s.time_s for s in run.steps) < sum(s.time_s for s in full.steps)
     assert sum(s.truncated for s in run.steps) >= 0.02 * sum(s.responses for s in run.steps)
 
 
 def test_determinism_and_seed_sensitivity():
-    names = ["seed", "best", "oversample"]
+    names = ["seed", "best", "oversample-restart"]
     a = simulate(TRACE, names, EngineParams(), batch_size=16, seed=1)["policies"]
     b = simulate(TRACE, names, EngineParams(), batch_size=16, seed=1)["policies"]
     c = simulate(TRACE, names, EngineParams(), batch_size=16, seed=2)["policies"]

@@ -55,7 +55,7 @@ def test_retries_draw_fresh_samples_of_the_same_prompt():
     assert np.corrcoef(np.log(first.mean(1)), np.log(again.mean(1)))[0, 1] > 0.5
 
 
-@pytest.mark.parametrize("policy", ["baseline", "seed", "oversample"])
+@pytest.mark.parametrize("policy", ["baseline", "seed", "oversample-restart"])
 def test_recorded_round_trip(tmp_path, policy):
     tr = T.generate("reference", **SMALL)
     path = tmp_path / f"{policy}.jsonl"

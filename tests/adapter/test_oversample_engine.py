@@ -1,0 +1,166 @@
+"""Over-sample then abort, end to end on the real vLLM CPU engine, in both re-queue modes.
+
+Real: the recipe trainer's hooks (prepare_step, on_sample_end, on_step_end, observe_batch), verl's ReplayBuffer.sample
+and AgentLoopWorkerTQ (its plain class, running our agent loop registered from configs/agent_loops.yaml), TransferQueue,
+and a vLLM engine generating and aborting. Stand-ins, because verl's versions need GPUs and Ray-managed servers:
+``EngineServerManager`` for the vLLM HTTP server (forced lengths: ignore_eos), ``EngineReplicas`` for the
+CheckpointEngineManager (abort -> engine abort; sleep/wake/update are no-ops), and ``WorkerManager`` which hands
+each batch to the one in-process worker instead of spreading it over Ray actors.
+"""
+import time
+
+import numpy as np
+import pytest
+
+from recipe.adapter.columns import column_to_numpy, row_sums
+from recipe.adapter.fields import CAP, ROW_ID
+from recipe.testing.recipe_config import compose_recipe
+from recipe.testing.vllm_engine import EngineServerManager
+
+pytestmark = pytest.mark.engine
+
+# batch, rollout.n, forced lengths (response_length 1900): TARGET rows lose step 1 to SHORT ones and, resumed in
+# step 2, need far fewer tokens than the fresh LONG rows (verl's replay buffer polls and a resumed loop first reads
+# its partial tokens from TransferQueue: on 2 busy cores races need wide margins).
+B, N, SHORT, TARGET, LONG = 4, 2, 8, 100, 1800
+
+
+class ForcedLengths(EngineServerManager):
+    """Every request ignores EOS, so each row's cap is exactly its response length."""
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+        return await super().generate(request_id, prompt_ids=prompt_ids,
+                                      sampling_params={**sampling_params, "ignore_eos": True}, **kw)
+
+
+class EngineReplicas:
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def abort_replicas(self, reject_request=False):
+        self.calls.append("abort")
+        self.engine.run(self.engine.abort_all())
+
+    def resume_generation_replicas(self):
+        self.calls.append("resume")
+
+    def sleep_replicas(self):
+        self.calls.append("sleep")
+
+    def update_weights(self, step=None):
+        self.calls.append("update_weights")
+
+
+class WorkerManager:
+    def __init__(self, engine, worker):
+        self.engine, self.worker = engine, worker
+
+    def generate_sequences(self, batch):
+        self.engine.run(self.worker.generate_sequences(batch))
+
+
+@pytest.fixture(params=["restart", "continue"])
+def rig(request, vllm_engine, tiny_artifacts, tmp_path, tq_cluster):
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    from recipe.adapter.trainer import LengthAwareTrainer
+
+    cfg = compose_recipe(tiny_artifacts, [
+        f"trainer.default_local_dir={tmp_path}/run", "data.max_response_length=1900", f"data.train_batch_size={B}",
+        f"data.gen_batch_size={B}", f"actor_rollout_ref.actor.ppo_mini_batch_size={B}",
+        f"actor_rollout_ref.rollout.n={N}", "recipe.cap.enable=0", "recipe.over_sample.enable=1",
+        "recipe.over_sample.ratio=0.5", f"recipe.over_sample.requeue={request.param}"])
+    forced: dict[int, int] = {}
+
+    class Trainer(LengthAwareTrainer):
+        def _next_train_batch(self, num_prompts=None):  # forced per-row lengths through the real cap field
+            batch = super()._next_train_batch(num_prompts)
+            rows = column_to_numpy(batch[ROW_ID], dtype=np.int64)
+            batch[CAP][:] = __import__("torch").as_tensor([forced.get(int(r), SHORT) for r in rows])
+            return batch
+
+    trainer = Trainer(cfg)
+    trainer._init_tokenizer()
+    trainer._init_dataloader()
+    server = ForcedLengths(vllm_engine, prompt_length=cfg.actor_rollout_ref.rollout.prompt_length,
+                           response_length=cfg.actor_rollout_ref.rollout.response_length, global_steps=0)
+
+    async def make_worker():  # agent loops bind the running loop: build the worker on the engine's loop
+        return AgentLoopWorkerTQ.__ray_actor_class__(cfg, server)
+
+    trainer.agent_loop_manager = WorkerManager(vllm_engine, vllm_engine.run(make_worker()))
+    trainer.checkpoint_manager = EngineReplicas(vllm_engine)
+    trainer.curr_step_profile, trainer.timing_raw = False, {}
+    trainer.replay_buffer.poll_interval = 0.05
+    yield request.param, trainer, server, forced, tq_cluster
+    left = list((tq_cluster.kv_list("train") or {}).get("train", {}))
+    if left:
+        tq_cluster.kv_clear(keys=left, partition_id="train")
+
+
+def run_step(trainer, server, tq, step):
+    trainer.global_steps, server.global_steps = step, step - 1
+    trainer.prepare_step()
+    batch, _ = trainer.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=B)
+    trainer.on_sample_end()
+    data = tq.kv_batch_get(keys=batch.keys, partition_id="train",
+                           select_fields=[ROW_ID, "responses", "response_mask", "extra_fields"])
+    trainer.observe_batch(batch, gen_time_s=0.0)
+    tq.kv_clear(keys=batch.keys, partition_id="train")
+    trainer.on_step_end()
+    return data
+
+
+def test_abort_keeps_complete_groups_and_requeues_the_rest(rig, vllm_engine):
+    mode, trainer, server, forced, tq = rig
+    plan = trainer.length_sampler.plan
+    # step 1: the plan's next 6 rows; the last two are forced long and lose the race
+    plan.start_next_epoch()
+    upcoming = plan.remaining()[:6].tolist()
+    forced.update({upcoming[4]: TARGET, upcoming[5]: TARGET})
+    data = run_step(trainer, server, tq, 1)
+    m1 = trainer.over_sample.last_metrics
+    rows1 = column_to_numpy(data[ROW_ID], dtype=np.int64)
+    assert sorted(set(rows1.tolist())) == sorted(upcoming[:4]) and len(rows1) == B * N  # whole groups
+    assert row_sums(data["response_mask"]).tolist() == [SHORT] * (B * N)
+    assert m1["rollout/over_sample/launched_groups"] == 6 and m1["rollout/over_sample/aborted_groups"] == 2
+    assert vllm_engine.run(vllm_engine.wait_until_idle()) == {"frontend": 0, "running": 0, "waiting": 0}
+    assert trainer.checkpoint_manager.calls[:2] == ["abort", "sleep"] and "resume" in trainer.checkpoint_manager.calls
+    aborted = {upcoming[4], upcoming[5]}
+    assert set(plan.remaining().tolist()) >= aborted
+    items = (tq.kv_list("train") or {}).get("train", {})
+    assert not [k for k, t in items.items() if t.get("is_prompt")]  # no prompt of step 1 left behind
+
+    partial_tokens = {}
+    if mode == "continue":
+        assert plan.remaining()[:2].tolist() == [upcoming[4], upcoming[5]]  # resumed first
+        assert set(trainer.over_sample.partials) == aborted
+        for row, ref in trainer.over_sample.partials.items():
+            got = tq.kv_batch_get(keys=[ref.key(s) for s in range(N)], partition_id="train",
+                                  select_fields=["responses"])["responses"]
+            partial_tokens[row] = [t.tolist() for t in got.unbind()]
+            assert all(0 < len(t) < TARGET for t in partial_tokens[row]) and not any(ref.complete)
+        assert m1["rollout/over_sample/kept_partial_tokens"] == m1["rollout/over_sample/aborted_tokens"] > 0
+    else:
+        assert plan.remaining()[-2:].tolist() != [] and not trainer.over_sample.partials
+        assert m1["rollout/over_sample/discarded_tokens"] == m1["rollout/over_sample/aborted_tokens"] > 0
+        assert not [k for k in items]  # restart: the aborted trajectories are gone too
+
+    # step 2: the generation after an abort works; in continue mode the resumed groups finish their responses
+    nxt = plan.remaining()[:6].tolist()
+    for r in nxt:
+        forced.setdefault(r, SHORT if mode == "restart" else LONG)
+    data = run_step(trainer, server, tq, 2)
+    rows2 = column_to_numpy(data[ROW_ID], dtype=np.int64)
+    assert len(set(rows2.tolist())) == B and len(rows2) == B * N
+    if mode == "continue":
+        assert aborted <= set(rows2.tolist())
+        seqs = [t.tolist() for t in data["responses"].unbind()]
+        for r, seq, extra in zip(rows2.tolist(), seqs, list(data["extra_fields"])):
+            if r in aborted:
+                assert len(seq) == TARGET  # the full response: partial + continuation
+                assert any(seq[:len(p)] == p for p in partial_tokens[r])  # starts with its step-1 tokens
+                assert extra["min_global_steps"] == 0 and extra["max_global_steps"] == 1  # spans two versions
+        assert trainer.over_sample.last_metrics["rollout/over_sample/resumed_groups"] == 2
+    time.sleep(0.1)
+    assert vllm_engine.run(vllm_engine.wait_until_idle()) == {"frontend": 0, "running": 0, "waiting": 0}
