@@ -247,9 +247,11 @@ def report(args, trace, names, per_repeat, fit, r2, pred_fit, pred_notes, timing
                     f"{max(m['max_policy_versions'] for m in meas)} | "
                     f"{100 * np.mean([m['wasted_tokens_fraction'] for m in meas]):.1f}% |")
     worst = max(abs(summary[nm]["rel_diff_fit"]) for nm in names if nm != "baseline")
+    rank_meas = sorted(names, key=lambda nm: -summary[nm]["measured_mean"])
+    rank_pred = sorted(names, key=lambda nm: -summary[nm]["predicted_fit"])
     met = worst <= GOAL_REL_DIFF
     engine = "engine model (--dry-run)" if args.dry_run else "in-process vLLM 0.28 CPU, tiny Qwen3-MoE (float32, eager)"
-    cmd = COMMAND + ("" if argv_is_default(args) else " " + " ".join(sys.argv[1:]))
+    cmd = reproduce_command(args)
     lines = [
         f"Reproduce: `{cmd}`",
         "",
@@ -272,18 +274,28 @@ def report(args, trace, names, per_repeat, fit, r2, pred_fit, pred_notes, timing
         *rows,
         "",
         f"Goal: predicted within {100 * GOAL_REL_DIFF:.0f}% of measured for every policy: "
-        f"{'met' if met else 'NOT met'} (worst {100 * worst:.1f}%).",
+        f"{'met' if met else 'NOT met'} (worst {100 * worst:.1f}%). Ranking measured: {' > '.join(rank_meas)}; "
+        f"predicted: {' > '.join(rank_pred)}.",
     ]
     out = {"config": {k: v for k, v in vars(args).items() if k not in ("results", "json")},
            "trace": {"name": trace.name, "num_prompts": trace.num_prompts, "n": trace.n, "epochs": trace.epochs,
                      "response_length": trace.response_length, "summary": trace.summary()},
            "fit": {**fit, "r2": r2}, "timing": timing, "policies": summary, "goal_met": met,
-           "worst_rel_diff": round(worst, 4)}
+           "worst_rel_diff": round(worst, 4), "ranking_measured": rank_meas, "ranking_predicted": rank_pred,
+           "command": cmd}
     return "\n".join(lines), out
 
 
-def argv_is_default(args) -> bool:
-    return len(sys.argv) <= 1
+def reproduce_command(args) -> str:
+    """``COMMAND`` plus the options that differ from their defaults (output paths left out)."""
+    defaults = build_parser().parse_args([])
+    extra = []
+    for key, value in vars(args).items():
+        if key in ("results", "json") or value == getattr(defaults, key):
+            continue
+        flag = "--" + key.replace("_", "-")
+        extra.append(flag if value is True else f"{flag} {value}")
+    return " ".join([COMMAND, *extra])
 
 
 def write_results(path: Path, text: str) -> None:

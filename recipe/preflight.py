@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .settings import RecipeConfigError
+from .settings import RecipeConfigError, select
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONVERT_SCRIPT = REPO_ROOT / "scripts" / "convert_hf_to_distcp.sh"
@@ -510,15 +510,6 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _sel(cfg: Mapping, key: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 def _convert_command(model_path: str, distcp_path: str) -> str:
     return (f"MODEL_PATH={shlex.quote(model_path)} DISTCP_PATH={shlex.quote(distcp_path)} "
             f"bash {shlex.quote(str(CONVERT_SCRIPT))}")
@@ -588,8 +579,8 @@ def _check_parallel(cfg: Mapping, hf: dict | None, errors: list[str]) -> dict:
     (MoE parallel folding; ETP defaults to TP). So world % (TP x PP x CP) == 0 and EP x ETP divides world / PP;
     EP need not divide the dense DP, and CP does not constrain EP. Returns the layout for the summary.
     """
-    g = lambda k: _sel(cfg, f"{_MEG}.{k}")  # noqa: E731
-    nnodes, per_node = _sel(cfg, "trainer.nnodes"), _sel(cfg, "trainer.n_gpus_per_node")
+    g = lambda k: select(cfg, f"{_MEG}.{k}")  # noqa: E731
+    nnodes, per_node = select(cfg, "trainer.nnodes"), select(cfg, "trainer.n_gpus_per_node")
     world = nnodes * per_node
     tp, pp, cp, ep = (g("tensor_model_parallel_size"), g("pipeline_model_parallel_size"),
                       g("context_parallel_size"), g("expert_model_parallel_size"))
@@ -677,7 +668,7 @@ def _uneven_hint(layers: int, pp: int) -> int | None:
 
 def _check_rollout(cfg: Mapping, hf: dict | None, world: int, errors: list[str]) -> None:
     """vLLM replica layout and scheduler limits, which verl and vLLM only meet when the servers start."""
-    r = lambda k: _sel(cfg, f"{_ARR}.rollout.{k}")  # noqa: E731
+    r = lambda k: select(cfg, f"{_ARR}.rollout.{k}")  # noqa: E731
     tp, dp, ep, rpp = r("tensor_model_parallel_size"), r("data_parallel_size"), r("expert_parallel_size"), \
         r("pipeline_model_parallel_size") or 1
     if ep > 1 and ep != tp * dp:
@@ -686,7 +677,7 @@ def _check_rollout(cfg: Mapping, hf: dict | None, world: int, errors: list[str])
     if world % (tp * dp * rpp):
         errors.append(f"ROLLOUT_TP={tp} x ROLLOUT_DP={dp} = {tp * dp * rpp} GPUs per vLLM replica does not divide the "
                       f"{world} GPUs: verl would leave GPUs without a replica; choose sizes that divide {world}")
-    longest = _sel(cfg, "data.max_prompt_length") + _sel(cfg, "data.max_response_length")
+    longest = select(cfg, "data.max_prompt_length") + select(cfg, "data.max_response_length")
     if hf is not None:
         if hf["num_attention_heads"] % tp:
             errors.append(f"ROLLOUT_TP={tp} must divide num_attention_heads={hf['num_attention_heads']} (vLLM)")
@@ -708,8 +699,8 @@ def _check_rollout(cfg: Mapping, hf: dict | None, world: int, errors: list[str])
 
 def _check_batches(cfg: Mapping, dp: int | None, errors: list[str]) -> None:
     """Batch divisibility and token budgets that verl skips with dynamic batch sizes (or pads around silently)."""
-    train_bs, n = _sel(cfg, "data.train_batch_size"), _sel(cfg, f"{_ARR}.rollout.n")
-    mini = _sel(cfg, f"{_ARR}.actor.ppo_mini_batch_size")
+    train_bs, n = select(cfg, "data.train_batch_size"), select(cfg, f"{_ARR}.rollout.n")
+    mini = select(cfg, f"{_ARR}.actor.ppo_mini_batch_size")
     if mini > train_bs or train_bs % mini:
         errors.append(f"TRAIN_BATCH_SIZE={train_bs} is not a multiple of ACTOR_PPO_MINI_BATCH_SIZE={mini}: verl "
                       "would pad the step with dummy rows to fill the last mini-batch; make the mini-batch divide it")
@@ -717,15 +708,15 @@ def _check_batches(cfg: Mapping, dp: int | None, errors: list[str]) -> None:
         errors.append(f"ACTOR_PPO_MINI_BATCH_SIZE={mini} x ROLLOUT_N={n} = {mini * n} responses per update do not "
                       f"split over the {dp} data-parallel ranks (GPUs / (ACTOR_TP x ACTOR_PP x ACTOR_CP)); verl would "
                       "pad with dummy rows: choose a mini-batch whose x ROLLOUT_N is a multiple of the DP size")
-    longest = _sel(cfg, "data.max_prompt_length") + _sel(cfg, "data.max_response_length")
-    cp = _sel(cfg, f"{_MEG}.context_parallel_size")
+    longest = select(cfg, "data.max_prompt_length") + select(cfg, "data.max_response_length")
+    cp = select(cfg, f"{_MEG}.context_parallel_size")
     budgets = (("ACTOR_PPO_MAX_TOKEN_LEN_PER_GPU", "actor.ppo_max_token_len_per_gpu", "actor.use_dynamic_bsz"),
                ("LOG_PROB_MAX_TOKEN_LEN_PER_GPU", "rollout.log_prob_max_token_len_per_gpu",
                 "rollout.log_prob_use_dynamic_bsz"),
                ("LOG_PROB_MAX_TOKEN_LEN_PER_GPU", "ref.log_prob_max_token_len_per_gpu", "ref.log_prob_use_dynamic_bsz"))
     for var, key, dynamic in budgets:
-        budget = _sel(cfg, f"{_ARR}.{key}")
-        if _sel(cfg, f"{_ARR}.{dynamic}") and budget is not None and budget * cp < longest:
+        budget = select(cfg, f"{_ARR}.{key}")
+        if select(cfg, f"{_ARR}.{dynamic}") and budget is not None and budget * cp < longest:
             errors.append(f"{var}={budget} ({_ARR}.{key}) x ACTOR_CP={cp} < MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH = "
                           f"{longest}: verl's dynamic batching needs one full sequence per micro-batch; set it to >= "
                           f"{math.ceil(longest / cp)}")
@@ -734,7 +725,7 @@ def _check_batches(cfg: Mapping, dp: int | None, errors: list[str]) -> None:
 
 def _cap_note(cfg: Mapping, notes: list[str]) -> None:
     """Not an error, but a comparison arm that measures nothing."""
-    cap, response = _sel(cfg, "recipe.cap", {}) or {}, _sel(cfg, "data.max_response_length")
+    cap, response = select(cfg, "recipe.cap", {}) or {}, select(cfg, "data.max_response_length")
     if _on(cap.get("enable")) and cap.get("mode") == "seed" and cap.get("min_tokens", 0) >= response:
         notes.append(f"VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS={cap.get('min_tokens')} >= MAX_RESPONSE_LENGTH={response}: "
                      "the seed cap can never shorten a response")
@@ -748,9 +739,9 @@ def _check_data(cfg: Mapping, train_batch_size: int, errors: list[str]) -> None:
     """Columns verl's dataset, reward loop and the recipe read; schema and row count only (never the rows)."""
     import pyarrow.parquet as pq
 
-    prompt_key, source_key = _sel(cfg, "data.prompt_key", "prompt"), _sel(cfg, "data.reward_fn_key", "data_source")
+    prompt_key, source_key = select(cfg, "data.prompt_key", "prompt"), select(cfg, "data.reward_fn_key", "data_source")
     for key, var in (("data.train_files", "TRAIN_FILE"), ("data.val_files", "TEST_FILE")):
-        files = _sel(cfg, key)
+        files = select(cfg, key)
         files = [files] if isinstance(files, str) else list(files or [])
         rows = 0
         for f in files:
@@ -794,8 +785,8 @@ def _is_message_list(t) -> bool:
 
 def _check_reward(cfg: Mapping, errors: list[str]) -> None:
     """The reward file exists and defines the function at top level (parsed, not imported)."""
-    legacy = _sel(cfg, "custom_reward_function") or {}
-    rf = legacy if any(v is not None for v in legacy.values()) else (_sel(cfg, "reward.custom_reward_function") or {})
+    legacy = select(cfg, "custom_reward_function") or {}
+    rf = legacy if any(v is not None for v in legacy.values()) else (select(cfg, "reward.custom_reward_function") or {})
     path, name = rf.get("path"), rf.get("name")
     if not path:
         return
@@ -822,10 +813,10 @@ def _check_reward(cfg: Mapping, errors: list[str]) -> None:
 def _check_distcp(cfg: Mapping, smoke: bool, errors: list[str], notes: list[str]) -> bool:
     """The dist checkpoint(s) of actor and ref; True when the smoke preset must create the checkpoint at launch
     (the conversion needs a GPU, so a missing one is expected on a CPU)."""
-    model = _sel(cfg, f"{_ARR}.model.path")
+    model = select(cfg, f"{_ARR}.model.path")
     roles: dict[str, list[str]] = {}
     for role in ("actor", "ref"):
-        m = _sel(cfg, f"{_ARR}.{role}.megatron")
+        m = select(cfg, f"{_ARR}.{role}.megatron")
         if m.get("use_dist_checkpointing"):
             roles.setdefault(m.get("dist_checkpointing_path") or "", []).append(f"{_ARR}.{role}.megatron")
     create = False
@@ -955,12 +946,12 @@ def _check_config(cfg, values: dict, report: PreflightReport) -> None:
 
     c = OmegaConf.to_container(cfg)
     errors, notes = report.errors, report.notes
-    hf = _model_config(_sel(c, f"{_ARR}.model.path"), errors)
+    hf = _model_config(select(c, f"{_ARR}.model.path"), errors)
     layout = _check_parallel(c, hf, errors)
     _check_rollout(c, hf, layout["world"], errors)
     _check_batches(c, layout["dp"], errors)
     _cap_note(c, notes)
-    _check_data(c, _sel(c, "data.train_batch_size"), errors)
+    _check_data(c, select(c, "data.train_batch_size"), errors)
     _check_reward(c, errors)
     report.smoke_convert = _check_distcp(c, values["PRESET"] == "smoke", errors, notes)
     if not errors:
@@ -982,18 +973,18 @@ def _check_verl_dataclasses(cfg, errors: list[str]) -> None:
 
 
 def _summary(c: Mapping, v: dict, layout: dict, hf: dict | None, report: PreflightReport) -> list[tuple[str, str]]:
-    m = lambda k: _sel(c, f"{_MEG}.{k}")  # noqa: E731
-    r = lambda k: _sel(c, f"{_ARR}.rollout.{k}")  # noqa: E731
+    m = lambda k: select(c, f"{_MEG}.{k}")  # noqa: E731
+    r = lambda k: select(c, f"{_ARR}.rollout.{k}")  # noqa: E731
     world = layout.get("world") or 0
-    cap, os_, sampler = _sel(c, "recipe.cap", {}), _sel(c, "recipe.over_sample", {}), _sel(c, "data.sampler", {})
+    cap, os_, sampler = select(c, "recipe.cap", {}), select(c, "recipe.over_sample", {}), select(c, "data.sampler", {})
     rws, tp = r("tensor_model_parallel_size") * r("data_parallel_size"), m("tensor_model_parallel_size")
     rows = [
         ("preset", v["PRESET"] or "(none)"),
-        ("model", f"{_sel(c, f'{_ARR}.model.path')}"
+        ("model", f"{select(c, f'{_ARR}.model.path')}"
                   + (f"  [{hf.get('num_hidden_layers')} layers, {_num_experts(hf)} experts]" if hf else "")),
         ("dist checkpoint", f"{m('dist_checkpointing_path')} (actor and ref)"
                             + ("  [created at launch]" if report.smoke_convert else "")),
-        ("GPUs", f"{world} = NNODES {_sel(c, 'trainer.nnodes')} x GPUS_PER_NODE {_sel(c, 'trainer.n_gpus_per_node')}"),
+        ("GPUs", f"{world} = NNODES {select(c, 'trainer.nnodes')} x GPUS_PER_NODE {select(c, 'trainer.n_gpus_per_node')}"),
         ("actor parallel", f"TP {tp} x PP {m('pipeline_model_parallel_size')} x CP {m('context_parallel_size')} -> "
                            f"DP {layout.get('dp')}; EP {m('expert_model_parallel_size')} x ETP {layout.get('etp')} -> "
                            f"expert DP {layout.get('edp')}; SP {bool(m('sequence_parallel')) and tp > 1}"),
@@ -1002,28 +993,28 @@ def _summary(c: Mapping, v: dict, layout: dict, hf: dict | None, report: Preflig
                          f"{world // rws if rws else '?'} replica(s); EP {r('expert_parallel_size')}; enforce_eager "
                          f"{r('enforce_eager')}; gpu_memory_utilization {r('gpu_memory_utilization')}; max_num_seqs "
                          f"{r('max_num_seqs')}; max_num_batched_tokens {r('max_num_batched_tokens')}"),
-        ("batch", f"{_sel(c, 'data.train_batch_size')} prompts x n {r('n')} (gen batch "
-                  f"{_sel(c, 'data.gen_batch_size')}, mini-batch {_sel(c, f'{_ARR}.actor.ppo_mini_batch_size')}); "
-                  f"{_sel(c, 'trainer.total_epochs')} epochs"),
-        ("lengths", f"prompt {_sel(c, 'data.max_prompt_length')}, response {_sel(c, 'data.max_response_length')}; "
-                    f"tokens/GPU: train {_sel(c, f'{_ARR}.actor.ppo_max_token_len_per_gpu')}, log-prob "
+        ("batch", f"{select(c, 'data.train_batch_size')} prompts x n {r('n')} (gen batch "
+                  f"{select(c, 'data.gen_batch_size')}, mini-batch {select(c, f'{_ARR}.actor.ppo_mini_batch_size')}); "
+                  f"{select(c, 'trainer.total_epochs')} epochs"),
+        ("lengths", f"prompt {select(c, 'data.max_prompt_length')}, response {select(c, 'data.max_response_length')}; "
+                    f"tokens/GPU: train {select(c, f'{_ARR}.actor.ppo_max_token_len_per_gpu')}, log-prob "
                     f"{r('log_prob_max_token_len_per_gpu')}"),
         ("sampler", "verl's own (baseline)" if not sampler.get("class_path") else
                     f"{sampler.get('class_name')} (bucket {sampler.get('bucket_size')}, ema {sampler.get('ema_decay')}"
                     f", shuffle blocks {sampler.get('shuffle_batch_blocks')}, {sampler.get('statistic')})"),
         ("cap", "off" if not _on(cap.get("enable")) else (
-            f"seed: min({_sel(c, 'data.max_response_length')}, max({cap.get('min_tokens')}, {cap.get('factor')} x "
+            f"seed: min({select(c, 'data.max_response_length')}, max({cap.get('min_tokens')}, {cap.get('factor')} x "
             "estimate))" if cap.get("mode") == "seed" else "calibrated")),
         ("over-sample", f"ratio {os_.get('ratio')}" if _on(os_.get("enable")) else "off"),
-        ("checkpoints", f"every {_sel(c, 'trainer.save_freq')} steps, keep {_sel(c, 'trainer.max_actor_ckpt_to_keep')}"
-                        f", resume {_sel(c, 'trainer.resume_mode')}" if _sel(c, "trainer.save_freq", -1) > 0 else
-                        f"off (save_freq -1, resume {_sel(c, 'trainer.resume_mode')})"),
+        ("checkpoints", f"every {select(c, 'trainer.save_freq')} steps, keep {select(c, 'trainer.max_actor_ckpt_to_keep')}"
+                        f", resume {select(c, 'trainer.resume_mode')}" if select(c, "trainer.save_freq", -1) > 0 else
+                        f"off (save_freq -1, resume {select(c, 'trainer.resume_mode')})"),
     ]
     if report.paths:
-        env_vars = _sel(c, "ray_kwargs.ray_init.runtime_env.env_vars", {}) or {}
+        env_vars = select(c, "ray_kwargs.ray_init.runtime_env.env_vars", {}) or {}
         rows += [("run dir", report.paths.run_dir),
                  ("logs", f"{report.paths.console_log}, {env_vars.get('VERL_FILE_LOGGER_PATH')}"),
-                 ("loggers", f"{_sel(c, 'trainer.logger')}; wandb {env_vars.get('WANDB_MODE')}")]
+                 ("loggers", f"{select(c, 'trainer.logger')}; wandb {env_vars.get('WANDB_MODE')}")]
     return rows
 
 
@@ -1046,7 +1037,7 @@ def write_plan(report: PreflightReport, path: str) -> None:
     """A bash-sourceable plan for the launch (``PLAN_*`` variables and the ``PLAN_OVERRIDES`` array)."""
     v, p = report.values, report.paths
     q = shlex.quote
-    env_vars = _sel(report.config, "ray_kwargs.ray_init.runtime_env.env_vars", {}) if report.config else {}
+    env_vars = select(report.config, "ray_kwargs.ray_init.runtime_env.env_vars", {}) if report.config else {}
     lines = [
         f"PLAN_RUN_DIR={q(p.run_dir)}",
         f"PLAN_CONSOLE_LOG={q(p.console_log)}",

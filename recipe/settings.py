@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .core.estimates import parse_statistic
+from .core.ordering import WITHIN_BUCKET
 
 SAMPLER_CLASS_PATH = "pkg://recipe.adapter.sampler"
 SAMPLER_CLASS_NAME = "LengthAwareEpochSampler"
@@ -42,7 +43,8 @@ def _where(key: str) -> str:
     return f"{key} (env {env})" if env else key
 
 
-def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
+def select(cfg: Mapping, dotted: str, default: Any = None) -> Any:
+    """``cfg["a"]["b"]...`` for ``"a.b..."`` in a plain nested mapping, ``default`` where a key is missing."""
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -99,6 +101,7 @@ class SamplerSettings:
     shuffle_batch_blocks: bool
     statistic: str
     seed: int
+    within_bucket: str
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ class RecipeSettings:
 
 
 def parse_sampler(cfg: Mapping) -> SamplerSettings:
-    s = _get(cfg, "data.sampler", {}) or {}
+    s = select(cfg, "data.sampler", {}) or {}
     class_path = s.get("class_path")
     class_name = s.get("class_name")
     enabled = class_path not in (None, "", "null")
@@ -168,13 +171,17 @@ def parse_sampler(cfg: Mapping) -> SamplerSettings:
         shuffle_batch_blocks=as_bool(s.get("shuffle_batch_blocks", True), "data.sampler.shuffle_batch_blocks"),
         statistic=statistic,
         seed=as_int(s.get("seed", 0) if s.get("seed") is not None else 0, "data.sampler.seed"),
+        within_bucket=str(s.get("within_bucket", "sorted")),
     )
+    if out.within_bucket not in WITHIN_BUCKET:
+        raise RecipeConfigError(
+            f"data.sampler.within_bucket must be one of {WITHIN_BUCKET}, got {out.within_bucket!r}")
     if enabled:
-        if as_bool(_get(cfg, "data.shuffle", False), "data.shuffle"):
+        if as_bool(select(cfg, "data.shuffle", False), "data.shuffle"):
             raise RecipeConfigError(
                 "data.shuffle=True with the length-aware sampler: the sampler decides the order; set data.shuffle=False"
             )
-        workers = as_int(_get(cfg, "data.dataloader_num_workers", 0), "data.dataloader_num_workers", minimum=0)
+        workers = as_int(select(cfg, "data.dataloader_num_workers", 0), "data.dataloader_num_workers", minimum=0)
         if workers != 0:
             raise RecipeConfigError(
                 f"data.dataloader_num_workers={workers} with the length-aware sampler: worker processes hold stale "
@@ -184,7 +191,7 @@ def parse_sampler(cfg: Mapping) -> SamplerSettings:
 
 
 def parse_cap(cfg: Mapping, sampler_enabled: bool) -> CapSettings:
-    c = _get(cfg, "recipe.cap", {}) or {}
+    c = select(cfg, "recipe.cap", {}) or {}
     cal = c.get("calibrated", {}) or {}
     mode = str(c.get("mode", "seed"))
     if mode not in ("seed", "calibrated"):
@@ -208,7 +215,7 @@ def parse_cap(cfg: Mapping, sampler_enabled: bool) -> CapSettings:
 
 
 def parse_over_sample(cfg: Mapping, sampler_enabled: bool) -> OverSampleSettings:
-    o = _get(cfg, "recipe.over_sample", {}) or {}
+    o = select(cfg, "recipe.over_sample", {}) or {}
     out = OverSampleSettings(
         enabled=as_bool(o.get("enable", False), "recipe.over_sample.enable"),
         ratio=as_float(o.get("ratio", 0.25), "recipe.over_sample.ratio", low=0.0, high=4.0),
@@ -236,18 +243,18 @@ def parse_over_sample(cfg: Mapping, sampler_enabled: bool) -> OverSampleSettings
 def parse_settings(cfg: Mapping) -> RecipeSettings:
     """Parse and cross-check the recipe keys of a resolved config (a plain nested dict)."""
     sampler = parse_sampler(cfg)
-    response_length = as_int(_get(cfg, "actor_rollout_ref.rollout.response_length",
-                                  _get(cfg, "data.max_response_length")),
+    response_length = as_int(select(cfg, "actor_rollout_ref.rollout.response_length",
+                                  select(cfg, "data.max_response_length")),
                              "actor_rollout_ref.rollout.response_length", minimum=1)
-    train_bs = as_int(_get(cfg, "data.train_batch_size"), "data.train_batch_size", minimum=1)
-    gen_bs = _get(cfg, "data.gen_batch_size")
+    train_bs = as_int(select(cfg, "data.train_batch_size"), "data.train_batch_size", minimum=1)
+    gen_bs = select(cfg, "data.gen_batch_size")
     batch_size = train_bs if gen_bs in (None, 0) else as_int(gen_bs, "data.gen_batch_size", minimum=1)
     if train_bs % batch_size:
         raise RecipeConfigError(
             f"{_where('data.train_batch_size')}={train_bs} is not a multiple of {_where('data.gen_batch_size')}="
             f"{batch_size}: verl fetches whole gen batches per step; make gen_batch_size divide train_batch_size"
         )
-    t = _get(cfg, "recipe.traces", {}) or {}
+    t = select(cfg, "recipe.traces", {}) or {}
     return RecipeSettings(
         sampler=sampler,
         cap=parse_cap(cfg, sampler.enabled),

@@ -15,7 +15,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 FINISH_REASONS = ("eos", "length", "cap", "abort")
@@ -156,25 +156,32 @@ def is_trace_record(obj) -> bool:
     return isinstance(obj, dict) and "step" in obj and isinstance(obj.get("lengths"), list)
 
 
-def _read_records(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[int, dict]:
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, object]]:
+    """(line number, parsed object) per non-empty line; ``None`` for a line that does not parse (a crash can leave
+    a partial last line). Shared by the trace and run-log readers."""
+    with open(path, encoding="utf-8") as fp:
+        for lineno, line in enumerate(fp, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError:
+                yield lineno, None
+
+
+def read_records(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[int, dict]:
     """Last record per step over ``paths`` (later lines and later files win); unparseable lines are skipped with
-    a warning (a crash can leave a partial last line)."""
+    a warning."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     by_step: dict[int, dict] = {}
     for path in paths:
-        with open(path, encoding="utf-8") as fp:
-            for lineno, line in enumerate(fp, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    warnings.warn(f"{path}:{lineno}: skipped unparseable trace line", stacklevel=2)
-                    continue
-                if not is_trace_record(rec):
-                    warnings.warn(f"{path}:{lineno}: skipped line that is not a length-trace record", stacklevel=2)
-                    continue
+        for lineno, rec in iter_jsonl(path):
+            if rec is None:
+                warnings.warn(f"{path}:{lineno}: skipped unparseable trace line", stacklevel=2)
+            elif not is_trace_record(rec):
+                warnings.warn(f"{path}:{lineno}: skipped line that is not a length-trace record", stacklevel=2)
+            else:
                 by_step[int(rec["step"])] = rec
     return dict(sorted(by_step.items()))
 
@@ -189,7 +196,7 @@ def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]):
     import pandas as pd
 
     columns: dict[str, list] = {c: [] for c in TRACE_COLUMNS}
-    for step, rec in _read_records(paths).items():
+    for step, rec in read_records(paths).items():
         n = len(rec["lengths"])
         columns["epoch"] += [rec.get("epoch")] * n
         columns["step"] += [step] * n

@@ -34,7 +34,8 @@ if [[ -n "$results" && "$dry" == "0" ]]; then
     args+=(--results "$results")
 fi
 
+# shellcheck source=scripts/lib/cpu_env.sh disable=SC1091
+source "$ROOT/scripts/lib/cpu_env.sh"
 export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
-export VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 echo "+ $PY bench/rollout_replay.py ${args[*]}" >&2
 exec "$PY" bench/rollout_replay.py "${args[@]}"

@@ -58,6 +58,7 @@ class LengthAwareEpochSampler(Sampler[int]):
         shuffle_batch_blocks: bool = True,
         statistic: str = "mean",
         seed: int = 0,
+        within_bucket: str = "sorted",
     ):
         self.num_rows = len(data_source)
         self.plan = EpochPlan(
@@ -66,6 +67,7 @@ class LengthAwareEpochSampler(Sampler[int]):
             bucket_size=bucket_size,
             shuffle_batch_blocks=shuffle_batch_blocks,
             seed=seed,
+            within_bucket=within_bucket,
         )
         self.extra_state: dict[str, Any] = {}
         self._resume_pending = False
@@ -82,6 +84,7 @@ class LengthAwareEpochSampler(Sampler[int]):
             shuffle_batch_blocks=s.shuffle_batch_blocks,
             statistic=s.statistic,
             seed=s.seed,
+            within_bucket=s.within_bucket,
         )
 
     @property

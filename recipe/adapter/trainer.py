@@ -96,8 +96,9 @@ class LengthAwareTrainer(PPOTrainerSync):
         )
 
     # -- per-batch cap ---------------------------------------------------------------------------------------------
-    def _restore_cap_policy(self) -> None:
-        """After a resume, the sampler state (with the cap policy's) is applied at the first batch fetch."""
+    def _restore_driver_state(self) -> None:
+        """After a resume torchdata applies the sampler state at the first batch fetch; the cap policy and the
+        over-sample accounting saved with it are restored from there."""
         if self.length_sampler is None:
             return
         restored = self.length_sampler.consume_restored_extra_state()
@@ -116,7 +117,7 @@ class LengthAwareTrainer(PPOTrainerSync):
 
     def _next_train_batch(self, num_prompts=None):
         batch = super()._next_train_batch(num_prompts)
-        self._restore_cap_policy()
+        self._restore_driver_state()
         rows = column_to_numpy(batch[ROW_ID], dtype=np.int64)
         pred, cap = self.batch_prediction_and_cap(rows)
         batch[PREDICTION] = torch.as_tensor(pred, dtype=torch.float32)

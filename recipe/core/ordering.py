@@ -5,12 +5,18 @@ Ordering (seed design): the first epoch (nothing observed) is a seeded random pe
 generation batch, then optionally shuffle whole batch-sized blocks so an epoch does not run short-to-long (a length
 curriculum the user did not ask for). Block shuffling does not change which rows share a batch, so it costs no
 rollout time.
+
+With the estimate as second key the bucket only matters for ties; ``within_bucket="shuffled"`` drops the estimate
+key instead, so rows inside a bucket come in seeded random order and batches mix prompts of similar (within one
+bucket) but not identical expected length, trading a little grouping for more variety between epochs.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .estimates import LengthEstimates
+
+WITHIN_BUCKET = ("sorted", "shuffled")
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
@@ -25,6 +31,7 @@ def length_sorted_order(
     batch_size: int,
     bucket_size: float = 1024,
     shuffle_batch_blocks: bool = True,
+    within_bucket: str = "sorted",
 ) -> np.ndarray:
     """Row order for one epoch given filled estimates (no NaN). Returns int64 row ids."""
     est = np.asarray(est, dtype=np.float64)
@@ -32,9 +39,14 @@ def length_sorted_order(
         raise ValueError("length_sorted_order needs filled estimates (use LengthEstimates.filled())")
     if bucket_size <= 0:
         raise ValueError(f"bucket_size must be positive, got {bucket_size}")
-    tie = rng.random(len(est))
-    bucket = np.floor(est / bucket_size)
-    order = np.lexsort((tie, est, bucket))  # last key is the primary one
+    if within_bucket not in WITHIN_BUCKET:
+        raise ValueError(f"within_bucket {within_bucket!r} is not one of {WITHIN_BUCKET}")
+    # A seeded random permutation followed by a sort breaks ties at random (reproducibly: the sort is deterministic
+    # for a given input): one sort instead of a three-key lexsort. Sorting by the estimate is sorting by
+    # (bucket, estimate), the bucket being monotone in the estimate.
+    perm = rng.permutation(len(est))
+    key = est[perm] if within_bucket == "sorted" else np.floor(est[perm] / bucket_size)
+    order = perm[np.argsort(key)]
     if shuffle_batch_blocks and batch_size > 0 and len(order) >= 2 * batch_size:
         full = len(order) // batch_size * batch_size
         blocks = order[:full].reshape(-1, batch_size)
@@ -58,6 +70,7 @@ class EpochPlan:
         bucket_size: float = 1024,
         shuffle_batch_blocks: bool = True,
         seed: int = 0,
+        within_bucket: str = "sorted",
     ):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -65,6 +78,7 @@ class EpochPlan:
         self.batch_size = int(batch_size)
         self.bucket_size = float(bucket_size)
         self.shuffle_batch_blocks = bool(shuffle_batch_blocks)
+        self.within_bucket = within_bucket
         self.seed = int(seed)
         self.epoch = -1  # epoch of ``order``; -1 before the first one starts
         self.order: np.ndarray | None = None
@@ -92,6 +106,7 @@ class EpochPlan:
                 batch_size=self.batch_size,
                 bucket_size=self.bucket_size,
                 shuffle_batch_blocks=self.shuffle_batch_blocks,
+                within_bucket=self.within_bucket,
             )
             self.sorted_epoch = True
         self.position = 0

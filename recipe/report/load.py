@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from recipe.traces import is_trace_record, load_traces
+from recipe.traces import is_trace_record, iter_jsonl, load_traces
 
 
 class RunLogsError(Exception):
@@ -75,20 +75,13 @@ def _as_float(v) -> float | None:
 
 def _read_metric_file(path: Path, notes: list[str]) -> list[tuple[int, dict[str, float]]]:
     records = []
-    with open(path, encoding="utf-8") as fp:
-        for lineno, line in enumerate(fp, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                notes.append(f"{path}:{lineno}: skipped unparseable line (partial write at a crash?)")
-                continue
-            if not is_metrics_record(rec) or not isinstance(rec["step"], int):
-                notes.append(f"{path}:{lineno}: skipped line that is not a verl file-logger record")
-                continue
-            data = {k: x for k, v in rec["data"].items() if (x := _as_float(v)) is not None}
-            records.append((rec["step"], data))
+    for lineno, rec in iter_jsonl(path):
+        if rec is None:
+            notes.append(f"{path}:{lineno}: skipped unparseable line (partial write at a crash?)")
+        elif not is_metrics_record(rec) or not isinstance(rec["step"], int):
+            notes.append(f"{path}:{lineno}: skipped line that is not a verl file-logger record")
+        else:
+            records.append((rec["step"], {k: x for k, v in rec["data"].items() if (x := _as_float(v)) is not None}))
     return records
 
 

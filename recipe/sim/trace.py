@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recipe.traces import _read_records  # the last-record-per-step reading the report uses too
+from recipe.traces import read_records  # the last-record-per-step reading the report uses too
 
 RESPONSE_LENGTH = 16384
 
@@ -297,7 +297,7 @@ def load_recorded(path: str | Path, censored_as: str = "observed") -> Trace:
     """
     if censored_as not in CENSORED_AS:
         raise ValueError(f"censored_as {censored_as!r} is not one of {CENSORED_AS}")
-    records = list(_read_records(path).values())
+    records = list(read_records(path).values())
     if not records:
         raise ValueError(f"{path}: no length-trace records")
     response_length = max(int(r["response_length"]) for r in records)
@@ -341,7 +341,7 @@ def load_recorded(path: str | Path, censored_as: str = "observed") -> Trace:
 def engine_records(path: str | Path) -> list[dict]:
     """Per-step ``(max_len, sum_len, time_s)`` from a recorded JSONL, for ``engine.fit_engine``."""
     out = []
-    for rec in _read_records(path).values():
+    for rec in read_records(path).values():
         if rec.get("gen_time_s") and rec["lengths"]:
             out.append({"max_len": max(rec["lengths"]), "sum_len": sum(rec["lengths"]), "time_s": rec["gen_time_s"]})
     return out

@@ -79,3 +79,14 @@ def test_every_row_exactly_once_per_epoch(n, batch, bucket, shuffle, seed):
     order = length_sorted_order(rng.uniform(0, 20000, n), epoch_rng(seed, 1), batch_size=batch,
                                 bucket_size=bucket, shuffle_batch_blocks=shuffle)
     assert sorted(order.tolist()) == list(range(n))
+
+
+def test_within_bucket_shuffled_keeps_buckets_but_not_order_inside():
+    est = np.arange(64, dtype=float) * 10  # 640 tokens over 64 rows
+    order = length_sorted_order(est, epoch_rng(0, 1), batch_size=8, bucket_size=160, shuffle_batch_blocks=False,
+                                within_bucket="shuffled")
+    buckets = np.floor(est[order] / 160)
+    assert np.all(np.diff(buckets) >= 0)  # buckets still ascend
+    assert not np.all(np.diff(est[order]) >= 0)  # but not sorted inside them
+    with pytest.raises(ValueError, match="within_bucket"):
+        length_sorted_order(est, epoch_rng(0, 1), batch_size=8, within_bucket="random")

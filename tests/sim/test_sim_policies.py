@@ -141,6 +141,9 @@ def test_continue_bounds_policy_versions(max_resumes):
     else:
         assert versions.max() == max_resumes + 1 or max_resumes > 3
         assert 0 < s["stale_token_fraction"] < 1 and 0 < s["resumed_response_fraction"] <= 1
+    if max_resumes == 1:  # stale tokens come from the previous step only; groups lost twice restart (wasted)
+        assert all(b.stale_tokens <= a.tokens for a, b in zip(run.steps, run.steps[1:]))
+        assert s["restarted_groups"] > 0 and s["wasted_tokens_fraction"] > 0
     if max_resumes >= 10:  # effectively unbounded: nothing is thrown away, every desired token decoded once
         assert sum(st.wasted_tokens for st in run.steps) == 0
         assert sum(st.tokens for st in run.steps) == TRACE.lengths.sum()
