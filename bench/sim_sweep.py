@@ -55,6 +55,9 @@ def candidates(groups=GROUPS) -> list[str]:
                         cap_kwargs={"factor": f, "min_tokens": m}, cap_scope=scope)
         add("mean/ema0.7/bucket256/calibrated q=0.8/batch", statistic="mean", bucket_size=256, cap="calibrated",
             cap_kwargs={"quantile": 0.8})
+        for bucket in (512, 1024, 2048):
+            add(f"mean/ema0.5/shuffled in bucket {bucket}/calibrated q=0.75/batch", ema_decay=0.5, bucket_size=bucket,
+                within_bucket="shuffled", cap="calibrated", cap_kwargs={"quantile": 0.75})
         for f in (0.97, 0.98, 0.99):
             add(f"mean/ema0.7/tailcut {f} [needs core]", tail_cut=f)
             add(f"mean/ema0.7/tailcut {f}+calibrated q=0.95 [needs core]", tail_cut=f, cap="calibrated")
@@ -65,15 +68,32 @@ def candidates(groups=GROUPS) -> list[str]:
     if "continue" in groups:
         for ratio, m in itertools.product(CONTINUE_RATIOS, MAX_RESUMES):
             kw = dict(ema_decay=0.5, oversample_ratio=ratio, oversample_requeue="continue", max_resumes=m)
-            add(f"mean/ema0.5/continue {ratio}/max_resumes {_resumes_label(m)}", **kw)
+            add(tradeoff_name(ratio, m), **kw)
             if m <= 2:
-                add(f"mean/ema0.5/continue {ratio}/max_resumes {_resumes_label(m)}/calibrated q=0.8", **kw,
-                    cap="calibrated", cap_kwargs=ONPOLICY_CAP)
-                add(f"mean/ema0.5/continue {ratio}/max_resumes {_resumes_label(m)}/seedcap", **kw, cap="seed",
+                q = ONPOLICY_CAP["quantile"]
+                add(f"{tradeoff_name(ratio, m)}/calibrated q={q}", **kw, cap="calibrated", cap_kwargs=ONPOLICY_CAP)
+                add(f"{tradeoff_name(ratio, m)}/seedcap", **kw, cap="seed",
                     cap_kwargs={"factor": 2.0, "min_tokens": 10000})
+        for bucket in (512, 1024, 2048):
+            add(f"mean/ema0.5/shuffled in bucket {bucket}/continue 1.0/max_resumes 1", ema_decay=0.5,
+                bucket_size=bucket, within_bucket="shuffled", oversample_ratio=1.0, oversample_requeue="continue")
         for ratio in (0.5, 1.0):
             add(f"random/continue {ratio}/max_resumes 1", order="random", oversample_ratio=ratio,
                 oversample_requeue="continue", max_resumes=1)
+    return names
+
+
+def tradeoff_name(ratio: float, m: int) -> str:
+    return f"mean/ema0.5/continue {ratio}/max_resumes {_resumes_label(m)}"
+
+
+def tradeoff_candidates() -> list[str]:
+    """Only the ratio x max_resumes pivot (continue, no cap)."""
+    names = []
+    for ratio, m in itertools.product(CONTINUE_RATIOS, MAX_RESUMES):
+        register(PolicySpec(tradeoff_name(ratio, m), ema_decay=0.5, oversample_ratio=ratio,
+                            oversample_requeue="continue", max_resumes=m))
+        names.append(tradeoff_name(ratio, m))
     return names
 
 
@@ -86,8 +106,7 @@ def tradeoff(per_seed: list[dict]) -> str:
     for ratio in CONTINUE_RATIOS:
         cells = []
         for m in MAX_RESUMES:
-            name = f"mean/ema0.5/continue {ratio}/max_resumes {_resumes_label(m)}"
-            rs = [r[name] for r in per_seed]
+            rs = [r[tradeoff_name(ratio, m)] for r in per_seed]
             cells.append(f"{np.mean([r['speedup_vs_baseline'] for r in rs]):.3f} / "
                          f"{max(r['max_policy_versions'] for r in rs)} / "
                          f"{100 * np.mean([r['stale_token_fraction'] for r in rs]):.1f}% / "

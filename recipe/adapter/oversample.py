@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import transfer_queue as tq
 
-from ..core.oversample import OverSampleController, StepOutcome
+from ..core.oversample import OverSampleController, StepOutcome, requeue_aborted
 from .columns import column_to_numpy, row_sums
 from .fields import CAP, ROW_ID
 from .partial import PartialRef
@@ -108,7 +108,8 @@ class OverSampleDriver:
         self._clear_resumed_sources(launch)
         kept = np.array([u not in leftover for u in launch.uids])
         outcome = StepOutcome(launched=launch.rows, kept=kept, aborted_tokens=aborted_tokens)
-        trainer.length_sampler.plan.requeue(outcome.requeued, where=self.controller.requeue_where)
+        requeue_aborted(self.controller, trainer.length_sampler.plan, outcome.requeued,
+                        [r in self.partials for r in outcome.requeued.tolist()])
         self.controller.record(launch.epoch, outcome)
         if self.events_path and leftover:
             self._write_events(launch, leftover, t_target)

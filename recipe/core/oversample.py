@@ -11,8 +11,8 @@ Re-queue modes:
   with the other long prompts (tail batching). Strictly on-policy; the aborted tokens are thrown away.
 * ``continue`` (partial rollout, as in slime/APRIL): the partial responses are kept and resumed in the very next
   step (front of the order), so no work is lost; a resumed response mixes tokens of two or more policy versions.
-  ``max_resumes`` bounds that: a group aborted again after that many resumes restarts from scratch, so no
-  trained response spans more than ``max_resumes + 1`` policy versions.
+  ``max_resumes`` bounds that: a group aborted again after that many resumes restarts from scratch, at the back of
+  the epoch like in ``restart`` mode, so no trained response spans more than ``max_resumes + 1`` policy versions.
 """
 from __future__ import annotations
 
@@ -66,10 +66,12 @@ class OverSampleController:
         if self.max_resumes < 0:
             raise ValueError(f"over-sample max_resumes must be >= 0, got {self.max_resumes}")
 
-    @property
-    def requeue_where(self) -> str:
-        """Where aborted prompts go back into the epoch (``EpochPlan.requeue``)."""
-        return "front" if self.requeue == "continue" else "back"
+    @staticmethod
+    def requeue_where(keeps_partial: bool) -> str:
+        """Where an aborted prompt goes back into the epoch (``EpochPlan.requeue``): a group resumed from its partial
+        responses goes next (front), which bounds how stale its tokens get; a group that restarts from scratch goes
+        to the back with the other long prompts that lost their races (tail batching)."""
+        return "front" if keeps_partial else "back"
 
     def keeps_partial(self, resumes_so_far: int) -> bool:
         """Whether an aborted group's partial responses are kept for resumption (else it restarts)."""
@@ -111,14 +113,33 @@ class OverSampleController:
         self.trained_this_epoch = {int(e): set(int(r) for r in s) for e, s in state["trained_this_epoch"].items()}
 
 
-def run_oversampled_step(controller: OverSampleController, plan, completion_time_of) -> StepOutcome:
-    """One step of the protocol on an ``EpochPlan`` (used by the simulator and the tests; the trainer does the same
-    through verl's dataloader, replay buffer and abort API): launch, keep the first B, re-queue the rest."""
+def requeue_aborted(controller: OverSampleController, plan, rows, keeps_partial) -> None:
+    """Put aborted rows back into the plan: restarting ones at the back, resumed ones (``keeps_partial``) next."""
+    rows = np.asarray(rows, dtype=np.int64)
+    keep = np.asarray(keeps_partial, dtype=bool)
+    plan.requeue(rows[~keep], where=controller.requeue_where(False))
+    plan.requeue(rows[keep], where=controller.requeue_where(True))
+
+
+def run_oversampled_step(controller: OverSampleController, plan, completion_time_of,
+                         resumes: dict[int, int] | None = None) -> StepOutcome:
+    """One step of the protocol on an ``EpochPlan`` (the trainer does the same through verl's dataloader, replay
+    buffer and abort API): launch, keep the first B, re-queue the rest. ``resumes`` (row -> resumes so far) is
+    updated in ``continue`` mode."""
     if plan.epoch_finished():
         plan.start_next_epoch()
     launched = plan.take(controller.launch_count(plan.num_remaining()))
     kept = controller.select(completion_time_of(launched))
     outcome = StepOutcome(launched=launched, kept=kept)
-    plan.requeue(outcome.requeued, where=controller.requeue_where)
+    resumes = {} if resumes is None else resumes
+    keep = np.array([controller.keeps_partial(resumes.get(int(r), 0)) for r in outcome.requeued], dtype=bool)
+    for r, k in zip(outcome.requeued.tolist(), keep.tolist()):
+        if k:
+            resumes[r] = resumes.get(r, 0) + 1
+        else:
+            resumes.pop(r, None)
+    for r in launched[kept].tolist():
+        resumes.pop(r, None)
+    requeue_aborted(controller, plan, outcome.requeued, keep)
     controller.record(plan.epoch, outcome)
     return outcome

@@ -18,7 +18,8 @@ from .engine import EngineParams, fit_engine
 from .policies import POLICIES
 from .run import simulate, warm_epochs
 
-DEFAULT_POLICIES = "baseline,seed,best,best-onpolicy,oversample-restart,partial-rollout-unbounded,oracle"
+DEFAULT_POLICIES = ("baseline,seed,best,best-max-resumes-2,best-onpolicy,oversample-restart,partial-rollout-unbounded,"
+                    "oracle")
 MOONSHOT_SPEEDUP = 1.5
 MOONSHOT_EXTRA_TRUNCATION = 0.01
 

@@ -90,3 +90,24 @@ def test_every_prompt_trained_exactly_once_per_epoch(batch, n_batches, ratio, se
             est.update(out.launched, difficulty[out.launched] * 1000, censored=~out.kept)
         assert plan.epoch == epoch and plan.epoch_finished()
         assert sorted(trained) == list(range(n_rows))
+
+
+def test_continue_resumes_next_and_restarts_at_the_back():
+    """continue + max_resumes=1: a group aborted once is resumed in the next step; aborted again it restarts from
+    scratch at the back of the epoch."""
+    est = LengthEstimates(12)
+    plan = EpochPlan(est, batch_size=2, shuffle_batch_blocks=False, seed=0)
+    ctl = OverSampleController(batch_size=2, ratio=0.5, requeue="continue", max_resumes=1)
+    resumes: dict[int, int] = {}
+    slow = set()
+
+    def times(rows):
+        return np.array([10.0 if r in slow else 1.0 for r in rows])
+
+    plan.start_next_epoch()
+    slow.add(int(plan.remaining()[2]))
+    out = run_oversampled_step(ctl, plan, times, resumes)  # launches 3, the slow one loses
+    (lost,) = out.requeued.tolist()
+    assert plan.remaining()[0] == lost and resumes == {lost: 1}  # resumed next
+    out = run_oversampled_step(ctl, plan, times, resumes)  # it loses again: restart, to the back
+    assert lost in out.requeued.tolist() and plan.remaining()[-1] == lost and lost not in resumes

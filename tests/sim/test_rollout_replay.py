@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from recipe.sim import trace as T
-from recipe.sim.policies import POLICIES
+from recipe.sim.policies import ONPOLICY_CAP, POLICIES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,7 +93,7 @@ def test_trace_and_policy_scaling():
     seed = POLICIES["seed"].scaled(1 / 64)
     assert seed.cap_kwargs == {"min_tokens": 156, "factor": 2.0} and seed.bucket_size == 16
     cal = POLICIES["best-onpolicy"].scaled(1 / 64)
-    assert cal.cap_kwargs == {"align": 8, "min_tokens": 64, "quantile": 0.8}
+    assert cal.cap_kwargs == {"align": 8, "min_tokens": 64, **ONPOLICY_CAP}
     best = POLICIES["best"].scaled(1 / 64)
     assert (best.oversample_ratio, best.oversample_requeue, best.max_resumes, best.cap) == (
         POLICIES["best"].oversample_ratio, "continue", POLICIES["best"].max_resumes, "none")

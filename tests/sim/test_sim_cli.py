@@ -29,11 +29,20 @@ def test_default_json_is_the_reference_run():
         assert len(p["epoch_times_s"]) == tr["epochs"] and p["prompts_trained_per_epoch"] == [1024] * tr["epochs"]
     assert report["policies"][0]["speedup_vs_baseline"] == 1.0
     assert {"best_minus_seed_speedup", "moonshot"} <= set(report["goals"])
+    by = {p["name"]: p for p in report["policies"]}
+    for p in report["policies"]:  # staleness of every policy: none for the on-policy ones
+        assert {"stale_token_fraction", "resumed_response_fraction", "max_policy_versions"} <= set(p)
+    assert by["seed"]["max_policy_versions"] == 1 and by["seed"]["stale_token_fraction"] == 0
+    best = by["best"]
+    assert best["spec"]["oversample_requeue"] == "continue"
+    assert best["max_policy_versions"] <= best["spec"]["max_resumes"] + 1
+    assert 0 < best["stale_token_fraction"] < 1 and report["goals"]["best_max_policy_versions"] == 2
 
 
 def test_options_record_and_replay(tmp_path):
     out = sim("--json", "--trace", "bimodal", "--prompts", "96", "--n", "4", "--epochs", "2", "--batch-size", "16",
-              "--policies", "seed,oversample-restart", "--replicas", "2", "--decode-a", "0.02", "--record", str(tmp_path))
+              "--policies", "seed,oversample-restart", "--replicas", "2", "--decode-a", "0.02",
+              "--record", str(tmp_path))
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["engine"]["replicas"] == 2 and report["engine"]["decode_a"] == 0.02

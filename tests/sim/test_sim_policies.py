@@ -91,7 +91,7 @@ def test_restart_requeues_at_the_back_and_redraws():
     epoch (the controller's epoch accounting raises on a double training), and their partial lengths raise
     estimates; nothing of them is kept."""
     pol = make_policy("oversample-restart", num_rows=64, batch_size=8, response_length=1000, seed=0)
-    assert pol.oversample.requeue_where == "back"
+    assert pol.oversample.requeue == "restart" and not pol.oversample.keeps_partial(0)
     pol.start_epoch(0)
     plan = pol.plan_step()
     assert len(plan.rows) == 9 and plan.keep == 8 and plan.resumes.tolist() == [0] * 9  # ceil(8 * 1.125)
@@ -108,7 +108,7 @@ def test_restart_requeues_at_the_back_and_redraws():
 def test_continue_requeues_at_the_front_and_resumes_at_most_max_resumes_times():
     pol = make_policy("best", num_rows=64, batch_size=8, response_length=1000, seed=0)
     ctl = pol.oversample
-    assert (ctl.requeue, ctl.requeue_where, ctl.max_resumes) == ("continue", "front", POLICIES["best"].max_resumes)
+    assert (ctl.requeue, ctl.max_resumes) == ("continue", POLICIES["best"].max_resumes)
     assert ctl.max_resumes == 1
     pol.start_epoch(0)
     plan = pol.plan_step()
@@ -116,10 +116,9 @@ def test_continue_requeues_at_the_front_and_resumes_at_most_max_resumes_times():
     assert pol.plan.remaining()[0] == lost and plan.keep_partial.tolist() == [i == 5 for i in range(len(plan.rows))]
     again = pol.plan_step()
     assert again.rows[0] == lost and again.resumes.tolist() == [1] + [0] * (len(again.rows) - 1)
-    _lose(pol, again, 0)  # lost a second time after its one resume: the controller restarts it
-    assert pol.plan.remaining()[0] == lost and not again.keep_partial.any() and not pol.partial_resumes
-    third = pol.plan_step()
-    assert third.rows[0] == lost and third.resumes[0] == 0  # a fresh group, which may be resumed once again
+    _lose(pol, again, 0)  # lost a second time after its one resume: the controller restarts it, at the back
+    assert pol.plan.remaining()[-1] == lost and not again.keep_partial.any() and not pol.partial_resumes
+    # when it comes up again it is a fresh group (no resume count), which may be resumed once again
 
 
 @pytest.mark.parametrize("max_resumes", [0, 1, 2, 10_000])
