@@ -90,7 +90,6 @@ class OverSampleDriver:
             return {}
         t_target = time.time()
         leftover = self._leftover(launch)
-        aborted_tokens = 0
         if leftover:
             trainer.checkpoint_manager.abort_replicas(reject_request=True)
             deadline = t_target + self.settle_timeout_s

@@ -19,10 +19,13 @@ from recipe.testing.vllm_engine import EngineServerManager
 
 pytestmark = pytest.mark.engine
 
-# batch, rollout.n, forced lengths (response_length 1900): TARGET rows lose step 1 to SHORT ones and, resumed in
-# step 2, need far fewer tokens than the fresh LONG rows (verl's replay buffer polls and a resumed loop first reads
-# its partial tokens from TransferQueue: on 2 busy cores races need wide margins).
-B, N, SHORT, TARGET, LONG = 4, 2, 8, 100, 1800
+# batch, rollout.n, forced lengths (response_length 1900). verl's replay buffer polls TransferQueue and, when more
+# than B groups are finished at a poll, picks among them arbitrarily (ties on global step): every race here is won
+# by hundreds of tokens, and the groups that must finish last are staggered so no two end together.
+# Step 1: four SHORT rows beat two TARGET rows; step 2 (continue): the two resumed TARGET rows need far fewer tokens
+# than the new rows, forced to STAGGERED lengths.
+B, N, SHORT, TARGET = 4, 2, 8, 300
+STAGGERED = (900, 1400, 1850, 1850)
 
 
 class ForcedLengths(EngineServerManager):
@@ -148,8 +151,9 @@ def test_abort_keeps_complete_groups_and_requeues_the_rest(rig, vllm_engine):
 
     # step 2: the generation after an abort works; in continue mode the resumed groups finish their responses
     nxt = plan.remaining()[:6].tolist()
-    for r in nxt:
-        forced.setdefault(r, SHORT if mode == "restart" else LONG)
+    fresh = [r for r in nxt if r not in forced]
+    for r, length in zip(fresh, STAGGERED if mode == "continue" else [SHORT] * len(fresh)):
+        forced[r] = length
     data = run_step(trainer, server, tq, 2)
     rows2 = column_to_numpy(data[ROW_ID], dtype=np.int64)
     assert len(set(rows2.tolist())) == B and len(rows2) == B * N
