@@ -20,8 +20,8 @@ is repeated ``--repeats`` times, and speedups are ratios of warm-epoch (epochs a
 one repeat. Then the engine model is fitted on every measured step (``recipe.sim.engine.fit_engine``: step time =
 a * max tokens + b * sum of tokens, i.e. a decode step of ``a + b * running``) and the simulator is run with the
 fitted parameters on the same scaled trace: measured vs predicted speedup per policy, side by side. A second
-prediction uses the a, b measured earlier on these machines (``/work/shared/notes/cpu-environment.md``), which were
-not fitted on this run.
+prediction uses the a, b measured earlier on these machines (the project's notes on the CPU environment), which
+were not fitted on this run.
 """
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ import asyncio
 import json
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from recipe.report.sections import write_section  # noqa: E402
 from recipe.sim import trace as T  # noqa: E402
 from recipe.sim.engine import EngineParams, fit_engine  # noqa: E402
 from recipe.sim.policies import POLICIES, register  # noqa: E402
@@ -299,13 +299,7 @@ def reproduce_command(args) -> str:
 
 
 def write_results(path: Path, text: str) -> None:
-    block = f"{MARK_START}\n{text}\n{MARK_END}"
-    old = path.read_text() if path.exists() else "# Results\n"
-    if MARK_START in old and MARK_END in old:
-        new = re.sub(re.escape(MARK_START) + r".*?" + re.escape(MARK_END), lambda _: block, old, flags=re.S)
-    else:
-        new = old.rstrip("\n") + "\n\n## Real-engine replay (bench/rollout_replay.py)\n\n" + block + "\n"
-    path.write_text(new)
+    write_section(path, MARK_START, MARK_END, "## Real-engine replay (bench/rollout_replay.py)", text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,6 @@ Reproduce: ``.venv/bin/python bench/sim_results.py [--results bench/RESULTS.md]`
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+from recipe.report.sections import write_section  # noqa: E402
 from recipe.sim import __main__ as cli  # noqa: E402
 from recipe.sim import trace as T  # noqa: E402
 from recipe.sim.engine import EngineParams  # noqa: E402
@@ -86,13 +86,7 @@ def section() -> str:
 
 
 def write(path: Path, text: str) -> None:
-    block = f"{MARK_START}\n{text}\n{MARK_END}"
-    old = path.read_text() if path.exists() else "# Results\n"
-    if MARK_START in old and MARK_END in old:
-        new = re.sub(re.escape(MARK_START) + r".*?" + re.escape(MARK_END), lambda _: block, old, flags=re.S)
-    else:
-        new = old.rstrip("\n") + "\n\n## Simulator (bench/sim_results.py)\n\n" + block + "\n"
-    path.write_text(new)
+    write_section(path, MARK_START, MARK_END, "## Simulator (bench/sim_results.py)", text)
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 
 from recipe.adapter.agent_loop import AGENT_LOOP_NAME, CappedSingleTurnAgentLoop
 from recipe.adapter.fields import CAP
-from recipe.main import CONFIGS_DIR
 from recipe.testing.recipe_config import RESPONSE_LENGTH, compose_recipe
 from recipe.testing.vllm_engine import EngineServerManager
 

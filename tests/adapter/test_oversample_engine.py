@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from recipe.adapter.columns import column_to_numpy, row_sums
 from recipe.adapter.fields import CAP, ROW_ID
@@ -79,7 +80,7 @@ def rig(request, vllm_engine, tiny_artifacts, tmp_path, tq_cluster):
         def _next_train_batch(self, num_prompts=None):  # forced per-row lengths through the real cap field
             batch = super()._next_train_batch(num_prompts)
             rows = column_to_numpy(batch[ROW_ID], dtype=np.int64)
-            batch[CAP][:] = __import__("torch").as_tensor([forced.get(int(r), SHORT) for r in rows])
+            batch[CAP][:] = torch.as_tensor([forced.get(int(r), SHORT) for r in rows])
             return batch
 
     trainer = Trainer(cfg)

@@ -10,7 +10,6 @@ on a real vLLM engine is covered in test_oversample_engine.py.
 import math
 
 import numpy as np
-import pytest
 import torch
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 

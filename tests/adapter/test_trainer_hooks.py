@@ -9,7 +9,6 @@ workers and vLLM servers need GPUs), so the tests call ``observe_batch`` with th
 import json
 
 import numpy as np
-import pytest
 import torch
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
