@@ -100,6 +100,17 @@ def write_traces(writer: LengthTraceWriter, lengths_by_step: dict[int, list[int]
         )
 
 
+def capped_segment(first_step: int, gen_times: dict, val: dict) -> list:
+    """One launch of the capped run: a validation record at its first step, then one record per training step."""
+    records = [(first_step, {VAL: val[first_step]})]
+    for step, gen in gen_times.items():
+        data = capped_metrics(step, gen)
+        if step in val:
+            data[VAL] = val[step]
+        records.append((step, data))
+    return records
+
+
 @pytest.fixture(scope="session")
 def runs_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
@@ -116,13 +127,7 @@ def runs_dir(tmp_path_factory) -> Path:
 
     capped = root / "capped"
     log = capped / "logs" / "metrics.jsonl"
-    seg1 = [(0, {VAL: CAP_VAL_SEG1[0]})]
-    for step, gen in CAP_GEN_SEG1.items():
-        data = capped_metrics(step, gen)
-        if step in CAP_VAL_SEG1:
-            data[VAL] = CAP_VAL_SEG1[step]
-        seg1.append((step, data))
-    write_verl_log(log, seg1)
+    write_verl_log(log, capped_segment(0, CAP_GEN_SEG1, CAP_VAL_SEG1))
     traces = capped / "length_traces.jsonl"
     with LengthTraceWriter(traces) as w:
         write_traces(w, TRACE_LENGTHS_SEG1)
@@ -130,13 +135,7 @@ def runs_dir(tmp_path_factory) -> Path:
         fp.write(b'{"epoch": 0, "step": 5, "le')
 
     log.rename(log.with_name("metrics.1.jsonl"))  # the trainer's rotation before verl truncates the file
-    seg2 = [(3, {VAL: CAP_VAL_SEG2[3]})]  # validation before train at the resume step
-    for step, gen in CAP_GEN_SEG2.items():
-        data = capped_metrics(step, gen)
-        if step in CAP_VAL_SEG2:
-            data[VAL] = CAP_VAL_SEG2[step]
-        seg2.append((step, data))
-    write_verl_log(log, seg2)
+    write_verl_log(log, capped_segment(3, CAP_GEN_SEG2, CAP_VAL_SEG2))  # validation before train at the resume step
     with LengthTraceWriter(traces) as w:
         write_traces(w, TRACE_LENGTHS_SEG2)
 
