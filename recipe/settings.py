@@ -53,14 +53,27 @@ def select(cfg: Mapping, dotted: str, default: Any = None) -> Any:
     return node
 
 
+def parse_bool(raw: str) -> bool:
+    """The 0/1 switches users set through environment variables (or true/false; case and spaces ignored).
+
+    The one parser of such strings: the preflight's variables and :func:`as_bool`'s config keys both use it."""
+    s = raw.strip().lower()
+    if s not in ("0", "1", "true", "false"):
+        raise ValueError("must be 0 or 1 (or true/false)")
+    return s in ("1", "true")
+
+
 def as_bool(value: Any, key: str) -> bool:
-    """Accept true/false and the 0/1 switches users set through environment variables."""
+    """A config switch: a bool, the int 0/1 or a :func:`parse_bool` string."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("0", "1", "true", "false"):
-        return value.strip().lower() in ("1", "true")
+    if isinstance(value, str):
+        try:
+            return parse_bool(value)
+        except ValueError:
+            pass
     raise RecipeConfigError(f"{_where(key)} must be 0/1 or true/false, got {value!r}")
 
 

@@ -44,7 +44,7 @@ fi
 
 PY="$(recipe_python "$ROOT")" || die "no usable Python (see the message above)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-# The training defaults (ACTOR_PP, ACTOR_EP, GPUS_PER_NODE) and their parsing live in recipe/preflight.py.
+# The training defaults (ACTOR_PP, ACTOR_EP, GPUS_PER_NODE) and their parsing live in recipe/preflight/.
 defaults="$("$PY" -m recipe.preflight --print-env ACTOR_PP ACTOR_EP GPUS_PER_NODE)" || die "bad variable (above)"
 eval "$defaults"
 pp="${CONVERT_PP:-$ACTOR_PP}"

@@ -7,8 +7,8 @@
 #   PRESET=smoke bash scripts/train_grpo.sh      # tiny model, 1 GPU, no downloads
 #
 # Every knob is an environment variable; the table (defaults, Hydra keys) is in the README and comes from
-# recipe/preflight.py (KNOBS), which also builds the Hydra overrides. Arguments are extra Hydra overrides, applied
-# after the ones built from the environment (last one wins).
+# recipe/preflight/knobs.py (KNOBS); the preflight builds the Hydra overrides from them. Arguments are extra
+# Hydra overrides, applied after the ones built from the environment (last one wins).
 #
 # Steps: pick the Python (scripts/lib/python_env.sh) -> preflight on the CPU (parse the variables, compose the real
 # config, verl's and the recipe's checks; all problems at once) -> DRY_RUN: print and stop -> no GPU and no

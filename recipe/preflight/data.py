@@ -1,0 +1,55 @@
+"""The train and validation parquet files: schema and row count (never the rows)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ..settings import select
+
+
+def check_data(cfg: Mapping, train_batch_size: int, errors: list[str]) -> None:
+    """Columns verl's dataset, reward loop and the recipe read; schema and row count only (never the rows)."""
+    import pyarrow.parquet as pq
+
+    prompt_key, source_key = select(cfg, "data.prompt_key", "prompt"), select(cfg, "data.reward_fn_key", "data_source")
+    for key, var in (("data.train_files", "TRAIN_FILE"), ("data.val_files", "TEST_FILE")):
+        files = select(cfg, key)
+        files = [files] if isinstance(files, str) else list(files or [])
+        rows = 0
+        for f in files:
+            if not os.path.isfile(f):
+                errors.append(f"{var}: {f} does not exist (`python scripts/prepare_data.py --help` writes verl's RL "
+                              "parquet)")
+                continue
+            try:
+                pf = pq.ParquetFile(f)
+                schema = pf.schema_arrow
+            except Exception as e:  # noqa: BLE001 - any unreadable file is a user error here
+                errors.append(f"{var}: {f} is not a readable parquet file ({type(e).__name__}: {e})")
+                continue
+            rows += pf.metadata.num_rows
+            missing = [c for c in (prompt_key, source_key, "reward_model") if c not in schema.names]
+            if missing:
+                errors.append(f"{var}: {f} lacks column(s) {missing} (has {schema.names}); verl needs "
+                              f"'{prompt_key}' (list of {{role, content}} messages), '{source_key}' and "
+                              "'reward_model' {ground_truth}: convert it with scripts/prepare_data.py")
+                continue
+            if not _is_message_list(schema.field(prompt_key).type):
+                errors.append(f"{var}: {f} column '{prompt_key}' is {schema.field(prompt_key).type}, not a list of "
+                              "{role, content} messages: convert it with scripts/prepare_data.py")
+            rm = schema.field("reward_model").type
+            if not (hasattr(rm, "get_field_index") and rm.get_field_index("ground_truth") >= 0):
+                errors.append(f"{var}: {f} column 'reward_model' has no 'ground_truth' field ({rm})")
+        if var == "TRAIN_FILE" and rows and rows < train_batch_size:
+            errors.append(f"TRAIN_FILE holds {rows} rows, fewer than one batch (TRAIN_BATCH_SIZE={train_batch_size}): "
+                          "the recipe cuts the train set to whole batches, so nothing would train; add data or lower "
+                          "the batch")
+
+
+def _is_message_list(t) -> bool:
+    import pyarrow as pa
+
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return False
+    item = t.value_type
+    return pa.types.is_struct(item) and item.get_field_index("role") >= 0 and item.get_field_index("content") >= 0

@@ -1,0 +1,112 @@
+"""Phase 1: the variables in :data:`~.knobs.KNOBS` parsed (types, ranges, required inputs, env-level consistency)
+before any Hydra composition, so a bad value is reported under its variable name, not as a Hydra grammar error."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..settings import parse_bool
+from .knobs import KNOBS, Knob
+
+_PARSED = tuple(k for k in KNOBS if k.kind != "script")
+
+
+def _parse_value(knob: Knob, raw: str) -> Any:
+    """Parse one raw string; ``ValueError`` carries the reason."""
+    if knob.kind == "bool":
+        return parse_bool(raw)
+    if knob.kind in ("int", "float"):
+        try:
+            value = int(raw.strip()) if knob.kind == "int" else float(raw.strip())
+        except ValueError:
+            raise ValueError(f"must be {'an integer' if knob.kind == 'int' else 'a number'}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("must be a finite number")
+        if knob.minimum is not None and value < knob.minimum:
+            raise ValueError(f"must be >= {knob.minimum:g}")
+        return value
+    if knob.kind == "choice":
+        if raw.strip() not in knob.choices:
+            raise ValueError("must be one of " + ", ".join(repr(c) for c in knob.choices if c))
+        return raw.strip()
+    if knob.kind == "path":
+        return os.path.abspath(os.path.expanduser(raw.strip()))
+    if knob.kind == "paths":
+        parts = [p.strip() for p in raw.split(",") if p.strip()]
+        if not parts:
+            raise ValueError("must name at least one file")
+        return [os.path.abspath(os.path.expanduser(p)) for p in parts]
+    return raw.strip()
+
+
+
+_REQUIRED_HINT = {
+    "MODEL_PATH": "export MODEL_PATH=/path/to/Qwen3-30B-A3B (a Hugging Face model dir), or PRESET=smoke for the "
+                  "tiny 1-GPU run",
+    "DISTCP_PATH": "export DISTCP_PATH=/path/to/qwen3-30b-a3b-mcore (create it with `MODEL_PATH=... DISTCP_PATH=... "
+                   "bash scripts/convert_hf_to_distcp.sh` on a GPU node)",
+    "TRAIN_FILE": "export TRAIN_FILE=/path/to/train.parquet (`python scripts/prepare_data.py --help` converts "
+                  "GSM8K / DAPO-Math-17k / DeepScaleR)",
+    "TEST_FILE": "export TEST_FILE=/path/to/test.parquet",
+}
+
+
+def parse_env(env: Mapping[str, str], names: tuple[str, ...] | None = None) -> tuple[dict, list[str]]:
+    """Parse the variables (all, or ``names`` with static defaults); return ``(values, errors)``.
+
+    Unset or empty means the default. Computed defaults see the values parsed before them (``KNOBS`` order); a
+    knob whose dependencies failed to parse is skipped (its dependency's error is reported).
+    """
+    values: dict[str, Any] = {"WANDB_API_KEY": env.get("WANDB_API_KEY") or ""}
+    errors: list[str] = []
+    for knob in _PARSED:
+        if names is not None and knob.env not in names:
+            continue
+        raw = env.get(knob.env)
+        if raw is None or raw.strip() == "":
+            if knob.default is None:
+                errors.append(f"{knob.env} is not set: {_REQUIRED_HINT[knob.env]}")
+                continue
+            if callable(knob.default):
+                with contextlib.suppress(KeyError):  # a dependency failed and is reported
+                    values[knob.env] = knob.default(values)
+                continue
+            raw = knob.default
+        try:
+            values[knob.env] = _parse_value(knob, raw)
+        except ValueError as e:
+            hint = f"; e.g. export {knob.env}={knob.default}" if isinstance(knob.default, str) and knob.default else ""
+            errors.append(f"{knob.env}={raw!r} {e}{hint} (sets {knob.sets})")
+    values.pop("WANDB_API_KEY")  # a secret: only WANDB_MODE's default needs it
+    if names is None and not errors:
+        errors += _cross_env_errors(values)
+    return values, errors
+
+
+def _cross_env_errors(v: dict) -> list[str]:
+    """Env-level consistency that needs no composition."""
+    from ..core.estimates import parse_statistic
+
+    errors = []
+    try:
+        parse_statistic(v["SAMPLER_STATISTIC"])
+    except ValueError as e:
+        errors.append(f"SAMPLER_STATISTIC={v['SAMPLER_STATISTIC']!r}: {e}; e.g. export SAMPLER_STATISTIC=mean")
+    if v["TRAIN_BATCH_SIZE"] % v["GEN_BATCH_SIZE"]:
+        errors.append(f"TRAIN_BATCH_SIZE={v['TRAIN_BATCH_SIZE']} is not a multiple of GEN_BATCH_SIZE="
+                      f"{v['GEN_BATCH_SIZE']}: verl fetches whole gen batches per step; unset GEN_BATCH_SIZE (= the "
+                      "train batch) or make it divide TRAIN_BATCH_SIZE")
+    if v["VLLM_EAGER_BASELINE_NO_RESAMPLE"] and v["OVER_SAMPLE_ENABLE"]:
+        errors.append("VLLM_EAGER_BASELINE_NO_RESAMPLE=1 turns the length-aware sampler off, but OVER_SAMPLE_ENABLE=1 "
+                      "needs it: unset OVER_SAMPLE_ENABLE for the baseline arm")
+    if "/" in v["EXPERIMENT_NAME"] or v["EXPERIMENT_NAME"] in (".", ".."):
+        errors.append(f"EXPERIMENT_NAME={v['EXPERIMENT_NAME']!r} must be a plain directory name (no '/')")
+    loggers = [s.strip() for s in v["TRAINER_LOGGER"].split(",") if s.strip()]
+    if not loggers or any(not re.fullmatch(r"[A-Za-z0-9_]+", s) for s in loggers):
+        errors.append(f"TRAINER_LOGGER={v['TRAINER_LOGGER']!r} must be a comma-separated list of verl loggers, "
+                      "e.g. export TRAINER_LOGGER=console,file,wandb")
+    return errors
+

@@ -1,0 +1,236 @@
+"""The environment variables of ``scripts/train_grpo.sh``: :data:`KNOBS`, their defaults and the keys they set.
+
+``KNOBS`` is the single source of the variables; :mod:`.env` parses them, :mod:`.overrides` turns them into Hydra
+overrides, and the README table is generated from it (:func:`env_table_markdown`, ``python -m recipe.preflight
+--env-table``).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARR = "actor_rollout_ref"
+MEG = f"{ARR}.actor.megatron"
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One environment variable: how to parse it, its default, and what it sets (for messages and the README)."""
+
+    env: str
+    kind: str  # bool | int | float | str | choice | path | paths | script (read by the bash scripts only)
+    default: str | Callable[[dict], Any] | None  # None: required (or unset for script knobs)
+    sets: str  # Hydra key(s) or effect, for the README table
+    doc: str
+    default_doc: str = ""  # how a computed default is shown in the table
+    minimum: float | None = None
+    choices: tuple[str, ...] = ()
+    group: str = ""
+
+
+def _prompt_plus_response(v: dict) -> int:
+    return v["MAX_PROMPT_LENGTH"] + v["MAX_RESPONSE_LENGTH"]
+
+
+def _experiment_name(v: dict) -> str:
+    """``<model>-grpo-<variant>``: a run directory per model and comparison arm."""
+    if v["VLLM_EAGER_BASELINE_NO_RESAMPLE"]:
+        variant = "baseline"
+    else:
+        variant = "resampler"
+        if not v["VLLM_ROLLOUT_EARLY_STOP_ENABLE"]:
+            variant += "-nocap"
+        elif v["VLLM_ROLLOUT_EARLY_STOP_MODE"] == "calibrated":
+            variant += "-calcap"
+        if v["OVER_SAMPLE_ENABLE"]:
+            variant += "-os"
+    model = "smoke" if v["PRESET"] == "smoke" else re.sub(r"[^a-z0-9._-]+", "-", Path(v["MODEL_PATH"]).name.lower())
+    return f"{model}-grpo-{variant}"
+
+
+_P_PLUS_R = "MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH"
+_G_IN, _G_CLUSTER, _G_BATCH, _G_MEGATRON, _G_ROLLOUT, _G_RECIPE, _G_RUN, _G_SCRIPT, _G_CONVERT = (
+    "Inputs", "Cluster", "Batch, lengths, algorithm (GRPO)", "Megatron actor and ref (Qwen3-30B-A3B: 48 layers, "
+    "128 experts)", "vLLM rollout", "Comparison switches, sampler, cap, over-sample", "Run directory, checkpoints, "
+    "logging", "Script control", "Conversion (scripts/convert_hf_to_distcp.sh)",
+)
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("PRESET", "choice", "", "(the defaults of the other variables)", "`smoke`: tiny random Qwen3-MoE, "
+         "generated math data, 1 GPU; the default when MODEL_PATH is unset on a GPU machine", default_doc="unset",
+         choices=("", "smoke"), group=_G_IN),
+    Knob("MODEL_PATH", "path", None, f"{ARR}.model.path", "Hugging Face model dir (config.json, tokenizer, "
+         "safetensors: vLLM loads it)", group=_G_IN),
+    Knob("DISTCP_PATH", "path", None, f"{ARR}.{{actor,ref}}.megatron.use_dist_checkpointing=True, "
+         ".dist_checkpointing_path", "Megatron dist checkpoint of MODEL_PATH for actor and ref (convert script)",
+         group=_G_IN),
+    Knob("TRAIN_FILE", "paths", None, "data.train_files", "train parquet in verl RL format (comma-separated for "
+         "several; `scripts/prepare_data.py` writes it)", group=_G_IN),
+    Knob("TEST_FILE", "paths", None, "data.val_files", "validation parquet(s), same format", group=_G_IN),
+    Knob("REWARD_FUNCTION_PATH", "path", str(REPO_ROOT / "reward" / "math_reward.py"),
+         "reward.custom_reward_function.path", "file defining the reward function",
+         default_doc="`<repo>/reward/math_reward.py`", group=_G_IN),
+    Knob("REWARD_FUNCTION_NAME", "str", "compute_score", "reward.custom_reward_function.name",
+         "function name in that file", group=_G_IN),
+    Knob("NNODES", "int", "2", "trainer.nnodes", "nodes", minimum=1, group=_G_CLUSTER),
+    Knob("GPUS_PER_NODE", "int", "8", "trainer.n_gpus_per_node", "GPUs per node", minimum=1, group=_G_CLUSTER),
+    Knob("TRAIN_BATCH_SIZE", "int", "32", "data.train_batch_size", "prompts per step", minimum=1, group=_G_BATCH),
+    Knob("GEN_BATCH_SIZE", "int", lambda v: v["TRAIN_BATCH_SIZE"], "data.gen_batch_size",
+         "prompts per rollout fetch (divides TRAIN_BATCH_SIZE)", default_doc="TRAIN_BATCH_SIZE", minimum=1,
+         group=_G_BATCH),
+    Knob("ROLLOUT_N", "int", "16", f"{ARR}.rollout.n", "responses per prompt (GRPO group)", minimum=1,
+         group=_G_BATCH),
+    Knob("MAX_PROMPT_LENGTH", "int", "1024", "data.max_prompt_length", "prompt tokens", minimum=1, group=_G_BATCH),
+    Knob("MAX_RESPONSE_LENGTH", "int", "16384", "data.max_response_length", "response tokens (the cap never "
+         "exceeds it)", minimum=1, group=_G_BATCH),
+    Knob("TOTAL_EPOCHS", "int", "3", "trainer.total_epochs", "epochs", minimum=1, group=_G_BATCH),
+    Knob("ACTOR_PPO_MINI_BATCH_SIZE", "int", "8", f"{ARR}.actor.ppo_mini_batch_size",
+         "prompts per optimizer update (x ROLLOUT_N responses)", minimum=1, group=_G_BATCH),
+    Knob("ACTOR_LR", "float", "1e-6", f"{ARR}.actor.optim.lr", "learning rate", minimum=0, group=_G_BATCH),
+    Knob("USE_KL_LOSS", "bool", "1", f"{ARR}.actor.use_kl_loss", "GRPO KL loss against the ref model "
+         "(low_var_kl; the ref loads DISTCP_PATH)", group=_G_BATCH),
+    Knob("KL_LOSS_COEF", "float", "0.001", f"{ARR}.actor.kl_loss_coef", "KL loss weight", minimum=0,
+         group=_G_BATCH),
+    Knob("ACTOR_PPO_MAX_TOKEN_LEN_PER_GPU", "int", _prompt_plus_response, f"{ARR}.actor.ppo_max_token_len_per_gpu",
+         "dynamic-batch token budget per micro-batch (training); x ACTOR_CP must hold one full sequence",
+         default_doc=_P_PLUS_R, minimum=1, group=_G_BATCH),
+    Knob("LOG_PROB_MAX_TOKEN_LEN_PER_GPU", "int", lambda v: 2 * _prompt_plus_response(v),
+         f"{ARR}.{{rollout,ref}}.log_prob_max_token_len_per_gpu", "same for the forward-only log-prob passes",
+         default_doc=f"2 x ({_P_PLUS_R})", minimum=1, group=_G_BATCH),
+    Knob("ACTOR_TP", "int", "2", f"{MEG}.tensor_model_parallel_size", "tensor parallel (divides the 4 KV heads)",
+         minimum=1, group=_G_MEGATRON),
+    Knob("ACTOR_PP", "int", "4", f"{MEG}.pipeline_model_parallel_size", "pipeline stages", minimum=1,
+         group=_G_MEGATRON),
+    Knob("ACTOR_CP", "int", "1", f"{MEG}.context_parallel_size", "context parallel", minimum=1,
+         group=_G_MEGATRON),
+    Knob("ACTOR_EP", "int", "4", f"{MEG}.expert_model_parallel_size", "expert parallel (divides num_experts)",
+         minimum=1, group=_G_MEGATRON),
+    Knob("ACTOR_ETP", "int", "1", f"{MEG}.expert_tensor_parallel_size", "expert tensor parallel", minimum=1,
+         group=_G_MEGATRON),
+    Knob("ACTOR_PP_FIRST_LAYERS", "int", "11", f"+{MEG}.override_transformer_config."
+         "num_layers_in_first_pipeline_stage", "layers on the first stage (it also holds the embedding); 0 = even "
+         "split", minimum=0, group=_G_MEGATRON),
+    Knob("ACTOR_PP_LAST_LAYERS", "int", "11", f"+{MEG}.override_transformer_config."
+         "num_layers_in_last_pipeline_stage", "layers on the last stage (output layer + logits); 0 = even split",
+         minimum=0, group=_G_MEGATRON),
+    Knob("ACTOR_SEQUENCE_PARALLEL", "bool", "1", f"{MEG}.sequence_parallel", "Megatron sequence parallel "
+         "(required with TP>1 and EP>1)", group=_G_MEGATRON),
+    Knob("ACTOR_RECOMPUTE", "bool", "1", f"{MEG}.override_transformer_config.recompute_*", "full activation "
+         "recompute (uniform, 1 layer): 16k-token sequences", group=_G_MEGATRON),
+    Knob("ACTOR_PARAM_OFFLOAD", "bool", "1", f"{MEG}.param_offload (ref too)", "park weights on the CPU while "
+         "vLLM generates", group=_G_MEGATRON),
+    Knob("ACTOR_OPTIMIZER_OFFLOAD", "bool", "1", f"{MEG}.optimizer_offload", "park optimizer states on the CPU "
+         "outside the update", group=_G_MEGATRON),
+    Knob("ROLLOUT_TP", "int", "4", f"{ARR}.rollout.tensor_model_parallel_size", "vLLM tensor parallel per replica",
+         minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_DP", "int", "1", f"{ARR}.rollout.data_parallel_size", "vLLM data parallel per replica",
+         minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_EP", "int", "1", f"{ARR}.rollout.expert_parallel_size", "vLLM expert parallel (if > 1: = "
+         "ROLLOUT_TP x ROLLOUT_DP)", minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_GPU_MEMORY_UTILIZATION", "float", "0.6", f"{ARR}.rollout.gpu_memory_utilization",
+         "GPU memory share for vLLM (weights + KV cache)", minimum=0, group=_G_ROLLOUT),
+    Knob("ROLLOUT_MAX_NUM_SEQS", "int", "256", f"{ARR}.rollout.max_num_seqs", "concurrent sequences per replica",
+         minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_MAX_NUM_BATCHED_TOKENS", "int", _prompt_plus_response, f"{ARR}.rollout.max_num_batched_tokens",
+         "tokens per vLLM scheduler step (chunked prefill)", default_doc=_P_PLUS_R, minimum=1, group=_G_ROLLOUT),
+    Knob("VLLM_EAGER_BASELINE_NO_RESAMPLE", "bool", "0", f"{ARR}.rollout.enforce_eager=True, "
+         "data.sampler.class_path=null, recipe.cap.enable=0", "the baseline arm: eager vLLM, verl's sampler, no "
+         "cap (ignores the cap and sampler variables)", group=_G_RECIPE),
+    Knob("VLLM_ROLLOUT_EARLY_STOP_ENABLE", "bool", "1", "recipe.cap.enable", "per-batch response cap (vLLM "
+         "max_tokens)", group=_G_RECIPE),
+    Knob("VLLM_ROLLOUT_EARLY_STOP_MODE", "choice", "seed", "recipe.cap.mode", "`seed`: min(response, max(MIN_TOKENS, "
+         "FACTOR x estimate)); `calibrated`: from recent under-prediction", choices=("seed", "calibrated"),
+         group=_G_RECIPE),
+    Knob("VLLM_ROLLOUT_EARLY_STOP_FACTOR", "float", "2.0", "recipe.cap.factor", "seed cap factor", minimum=0,
+         group=_G_RECIPE),
+    Knob("VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS", "int", "10000", "recipe.cap.min_tokens", "seed cap floor",
+         minimum=1, group=_G_RECIPE),
+    Knob("SAMPLER_BUCKET_SIZE", "float", "1024", "data.sampler.bucket_size", "tokens per length bucket",
+         minimum=0, group=_G_RECIPE),
+    Knob("SAMPLER_EMA_DECAY", "float", "0.7", "data.sampler.ema_decay", "weight of the old estimate (0..0.999)",
+         minimum=0, group=_G_RECIPE),
+    Knob("SAMPLER_SHUFFLE_BATCH_BLOCKS", "bool", "1", "data.sampler.shuffle_batch_blocks", "shuffle whole "
+         "batches after sorting", group=_G_RECIPE),
+    Knob("SAMPLER_STATISTIC", "str", "mean", "data.sampler.statistic", "group statistic: mean, max, median or pNN",
+         group=_G_RECIPE),
+    Knob("OVER_SAMPLE_ENABLE", "bool", "0", "recipe.over_sample.enable", "over-sample and abort the slowest groups",
+         group=_G_RECIPE),
+    Knob("OVER_SAMPLE_RATIO", "float", "0.25", "recipe.over_sample.ratio", "extra prompts per batch (share)",
+         minimum=0, group=_G_RECIPE),
+    Knob("OVER_SAMPLE_REQUEUE", "choice", "restart", "recipe.over_sample.requeue", "`restart`: aborted prompts "
+         "regenerate from scratch at the back of the epoch (on-policy); `continue`: partial rollout, resumed next "
+         "step", choices=("restart", "continue"), group=_G_RECIPE),
+    Knob("OVER_SAMPLE_MAX_RESUMES", "int", "1", "recipe.over_sample.max_resumes", "continue: resumes per "
+         "response before it restarts (bounds policy versions per response to this + 1)", minimum=0,
+         group=_G_RECIPE),
+    Knob("PROJECT_NAME", "str", "length-aware-grpo", "trainer.project_name", "wandb project", group=_G_RUN),
+    Knob("EXPERIMENT_NAME", "str", _experiment_name, "trainer.experiment_name", "run name and run directory name",
+         default_doc="`<model>-grpo-<variant>`: `resampler`, `resampler-nocap`, `resampler-calcap`, `-os`, "
+         "`baseline`", group=_G_RUN),
+    Knob("CKPT_ROOT", "path", str(REPO_ROOT / "checkpoints"), "trainer.default_local_dir=CKPT_ROOT/EXPERIMENT_NAME",
+         "parent of the run directories (shared filesystem on multi-node)", default_doc="`<repo>/checkpoints`",
+         group=_G_RUN),
+    Knob("SAVE_CKPT_ENABLE", "bool", "0", "trainer.save_freq, trainer.resume_mode", "1: save every "
+         "TRAINER_SAVE_FREQ steps, resume from the latest (`auto`); 0: save nothing, never resume (`disable`)",
+         group=_G_RUN),
+    Knob("TRAINER_SAVE_FREQ", "int", "20", "trainer.save_freq", "steps between checkpoints (SAVE_CKPT_ENABLE=1)",
+         minimum=1, group=_G_RUN),
+    Knob("MAX_CKPT_TO_KEEP", "int", "2", "trainer.max_actor_ckpt_to_keep", "checkpoints kept (~0.4 TB each with "
+         "optimizer)", minimum=1, group=_G_RUN),
+    Knob("TRAINER_TEST_FREQ", "int", "10", "trainer.test_freq", "steps between validations (-1: never)",
+         minimum=-1, group=_G_RUN),
+    Knob("TRAINER_VAL_BEFORE_TRAIN", "bool", "0", "trainer.val_before_train", "validate before the first step",
+         group=_G_RUN),
+    Knob("TRAINER_LOGGER", "str", "console,file,wandb", "trainer.logger", "verl loggers", group=_G_RUN),
+    Knob("WANDB_MODE", "choice", lambda v: "online" if v["WANDB_API_KEY"] else "offline",
+         "+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE", "wandb mode, also sent to the Ray actors",
+         default_doc="`online` if WANDB_API_KEY is set, else `offline`", choices=("online", "offline", "disabled"),
+         group=_G_RUN),
+    Knob("WANDB_API_KEY", "script", None, "(environment only)", "wandb key; on a multi-node cluster export it on "
+         "every node before `ray start` (it is never written into the config)", default_doc="unset", group=_G_RUN),
+    Knob("DRY_RUN", "script", "0", "(script)", "1: preflight, print the command and the resolved settings, exit",
+         group=_G_SCRIPT),
+    Knob("PREFLIGHT_DUMP", "script", None, "(script)", "write the resolved config and overrides as JSON to this "
+         "path", default_doc="unset", group=_G_SCRIPT),
+    Knob("RECIPE_PYTHON", "script", None, "(script)", "Python to use (else `.venv-gpu`, a `python3` with verl, a new "
+         "`.venv-gpu` on a GPU machine, or the CPU `.venv`)", default_doc="unset", group=_G_SCRIPT),
+    Knob("RAY_ADDRESS", "script", None, "(ray.init)", "join a running Ray cluster (multi-node); no local GPU "
+         "needed on the launching machine", default_doc="unset", group=_G_SCRIPT),
+    Knob("CONVERT_PP", "script", "ACTOR_PP", "--pp_size", "pipeline ranks of the conversion", group=_G_CONVERT),
+    Knob("CONVERT_EP", "script", "ACTOR_EP", "--ep_size", "expert ranks of the conversion", group=_G_CONVERT),
+    Knob("CONVERT_NNODES", "script", "ceil(PP x EP / GPUS_PER_NODE)", "torchrun --nnodes", "nodes; > 1 needs "
+         "NODE_RANK and MASTER_ADDR on each node", group=_G_CONVERT),
+    Knob("CONVERT_CPU_INIT", "script", "0", "--use_cpu_initialization", "build the Megatron model in host "
+         "memory (one rank on a small GPU)", group=_G_CONVERT),
+    Knob("NODE_RANK", "script", None, "torchrun --node_rank", "this node's rank (CONVERT_NNODES > 1)",
+         default_doc="unset", group=_G_CONVERT),
+    Knob("MASTER_ADDR", "script", None, "torchrun --master_addr", "node 0's address (CONVERT_NNODES > 1)",
+         default_doc="unset", group=_G_CONVERT),
+    Knob("MASTER_PORT", "script", "29500", "torchrun --master_port", "rendezvous port (CONVERT_NNODES > 1)",
+         group=_G_CONVERT),
+)
+KNOB = {k.env: k for k in KNOBS}
+
+
+def _default_text(knob: Knob) -> str:
+    return knob.default_doc or (f"`{knob.default}`" if isinstance(knob.default, str) else "")
+
+
+
+def env_table_markdown() -> str:
+    """The README's one table of variables, generated from ``KNOBS``."""
+    out = ["| Variable | Default | Sets | Meaning |", "|---|---|---|---|"]
+    group = None
+    for k in KNOBS:
+        if k.group != group:
+            group = k.group
+            out.append(f"| **{group}** | | | |")
+        default = "**required**" if k.default is None and k.kind != "script" else (_default_text(k) or "unset")
+        sets = k.sets[1:-1] if k.sets.startswith("(") else f"`{k.sets}`"
+        out.append(f"| `{k.env}` | {default} | {sets} | {k.doc} |")
+    return "\n".join(out)
+

@@ -1,0 +1,159 @@
+"""Parsed values -> the Hydra overrides of one launch, and where that launch writes (:class:`RunPaths`)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from ..settings import RecipeConfigError
+from .knobs import ARR, MEG
+
+
+def hydra_quote(value: str, var: str) -> str:
+    """A Hydra quoted string (paths may hold spaces, commas, '=' ...)."""
+    if "${" in value:
+        raise RecipeConfigError(f"{var}={value!r}: '${{' would be read as an OmegaConf interpolation; rename the path")
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise RecipeConfigError(f"{var}={value!r} holds both quote characters; rename the path")
+
+
+def _files(paths: list[str], var: str) -> str:
+    return hydra_quote(paths[0], var) if len(paths) == 1 else "[" + ",".join(hydra_quote(p, var) for p in paths) + "]"
+
+
+def _b(x: bool) -> str:
+    return "True" if x else "False"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where one launch writes: a run directory per experiment, new log files per launch (verl truncates its
+    file log on open, so a resume must never reuse a name)."""
+
+    run_dir: str
+    console_log: str
+    metrics_log: str
+    hydra_dir: str
+
+
+def run_paths(v: dict, env: Mapping[str, str]) -> RunPaths:
+    run_dir = os.path.join(v["CKPT_ROOT"], v["EXPERIMENT_NAME"])
+    stamp = env.get("RECIPE_LAUNCH_STAMP") or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    logs = os.path.join(run_dir, "logs")
+    base, n = stamp, 1
+    while os.path.exists(os.path.join(logs, f"metrics.{stamp}.jsonl")):
+        n += 1
+        stamp = f"{base}-{n}"
+    return RunPaths(run_dir, os.path.join(logs, f"console.{stamp}.log"),
+                    os.path.join(logs, f"metrics.{stamp}.jsonl"), os.path.join(run_dir, "hydra", stamp))
+
+
+def build_overrides(v: dict, paths: RunPaths) -> list[str]:
+    """The Hydra overrides for parsed values ``v``; every key is set explicitly, even where the YAML agrees."""
+    baseline = v["VLLM_EAGER_BASELINE_NO_RESAMPLE"]
+    meg, ref = MEG, f"{ARR}.ref.megatron"
+    otc = f"{meg}.override_transformer_config"
+    o = [
+        # inputs
+        f"{ARR}.model.path={hydra_quote(v['MODEL_PATH'], 'MODEL_PATH')}",
+        f"{meg}.use_dist_checkpointing=True",
+        f"{meg}.dist_checkpointing_path={hydra_quote(v['DISTCP_PATH'], 'DISTCP_PATH')}",
+        f"{ref}.use_dist_checkpointing=True",  # verl's ref does not inherit these two
+        f"{ref}.dist_checkpointing_path={hydra_quote(v['DISTCP_PATH'], 'DISTCP_PATH')}",
+        f"data.train_files={_files(v['TRAIN_FILE'], 'TRAIN_FILE')}",
+        f"data.val_files={_files(v['TEST_FILE'], 'TEST_FILE')}",
+        f"reward.custom_reward_function.path={hydra_quote(v['REWARD_FUNCTION_PATH'], 'REWARD_FUNCTION_PATH')}",
+        f"reward.custom_reward_function.name={hydra_quote(v['REWARD_FUNCTION_NAME'], 'REWARD_FUNCTION_NAME')}",
+        # cluster
+        f"trainer.nnodes={v['NNODES']}",
+        f"trainer.n_gpus_per_node={v['GPUS_PER_NODE']}",
+        # GRPO: group-normalised advantages, no critic, KL as a loss term (not in the reward)
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        f"{ARR}.actor.use_kl_loss={_b(v['USE_KL_LOSS'])}",
+        f"{ARR}.actor.kl_loss_coef={v['KL_LOSS_COEF']}",
+        f"{ARR}.actor.kl_loss_type=low_var_kl",
+        f"{ARR}.actor.entropy_coeff=0",
+        f"{ARR}.actor.optim.lr={v['ACTOR_LR']}",
+        f"{ARR}.actor.ppo_mini_batch_size={v['ACTOR_PPO_MINI_BATCH_SIZE']}",
+        # data: the sampler decides the order; worker processes would hold stale sampler copies
+        f"data.train_batch_size={v['TRAIN_BATCH_SIZE']}",
+        f"data.gen_batch_size={v['GEN_BATCH_SIZE']}",
+        f"data.max_prompt_length={v['MAX_PROMPT_LENGTH']}",
+        f"data.max_response_length={v['MAX_RESPONSE_LENGTH']}",
+        "data.shuffle=False",
+        "data.dataloader_num_workers=0",
+        f"{ARR}.rollout.n={v['ROLLOUT_N']}",
+        # dynamic batch sizes: micro-batches packed up to a token budget
+        f"{ARR}.actor.use_dynamic_bsz=True",
+        f"{ARR}.actor.ppo_max_token_len_per_gpu={v['ACTOR_PPO_MAX_TOKEN_LEN_PER_GPU']}",
+        f"{ARR}.rollout.log_prob_use_dynamic_bsz=True",
+        f"{ARR}.rollout.log_prob_max_token_len_per_gpu={v['LOG_PROB_MAX_TOKEN_LEN_PER_GPU']}",
+        f"{ARR}.ref.log_prob_use_dynamic_bsz=True",
+        f"{ARR}.ref.log_prob_max_token_len_per_gpu={v['LOG_PROB_MAX_TOKEN_LEN_PER_GPU']}",
+        # Megatron (the ref inherits the parallel sizes and override_transformer_config through oc.select)
+        f"{meg}.tensor_model_parallel_size={v['ACTOR_TP']}",
+        f"{meg}.pipeline_model_parallel_size={v['ACTOR_PP']}",
+        f"{meg}.context_parallel_size={v['ACTOR_CP']}",
+        f"{meg}.expert_model_parallel_size={v['ACTOR_EP']}",
+        f"{meg}.expert_tensor_parallel_size={v['ACTOR_ETP']}",
+        f"{meg}.sequence_parallel={_b(v['ACTOR_SEQUENCE_PARALLEL'])}",
+        f"{ref}.sequence_parallel={_b(v['ACTOR_SEQUENCE_PARALLEL'])}",
+        f"{meg}.use_distributed_optimizer=True",
+        f"{meg}.param_offload={_b(v['ACTOR_PARAM_OFFLOAD'])}",
+        f"{meg}.optimizer_offload={_b(v['ACTOR_OPTIMIZER_OFFLOAD'])}",
+        f"{ref}.param_offload={_b(v['ACTOR_PARAM_OFFLOAD'])}",
+    ]
+    if v["ACTOR_PP_FIRST_LAYERS"]:
+        o.append(f"+{otc}.num_layers_in_first_pipeline_stage={v['ACTOR_PP_FIRST_LAYERS']}")
+    if v["ACTOR_PP_LAST_LAYERS"]:
+        o.append(f"+{otc}.num_layers_in_last_pipeline_stage={v['ACTOR_PP_LAST_LAYERS']}")
+    if v["ACTOR_RECOMPUTE"]:
+        o += [f"{otc}.recompute_granularity=full", f"{otc}.recompute_method=uniform", f"{otc}.recompute_num_layers=1"]
+    o += [
+        # vLLM rollout
+        f"{ARR}.rollout.name=vllm",
+        f"{ARR}.rollout.tensor_model_parallel_size={v['ROLLOUT_TP']}",
+        f"{ARR}.rollout.data_parallel_size={v['ROLLOUT_DP']}",
+        f"{ARR}.rollout.expert_parallel_size={v['ROLLOUT_EP']}",
+        f"{ARR}.rollout.gpu_memory_utilization={v['ROLLOUT_GPU_MEMORY_UTILIZATION']}",
+        f"{ARR}.rollout.max_num_seqs={v['ROLLOUT_MAX_NUM_SEQS']}",
+        f"{ARR}.rollout.max_num_batched_tokens={v['ROLLOUT_MAX_NUM_BATCHED_TOKENS']}",
+        f"{ARR}.rollout.enforce_eager={_b(baseline)}",
+        # the comparison switch, the sampler and the cap (the YAML reads the same variables as its defaults)
+        "data.sampler.class_path=" + ("null" if baseline else "pkg://recipe.adapter.sampler"),
+        "data.sampler.class_name=LengthAwareEpochSampler",
+        f"data.sampler.bucket_size={v['SAMPLER_BUCKET_SIZE']}",
+        f"data.sampler.ema_decay={v['SAMPLER_EMA_DECAY']}",
+        f"data.sampler.shuffle_batch_blocks={_b(v['SAMPLER_SHUFFLE_BATCH_BLOCKS'])}",
+        f"data.sampler.statistic={hydra_quote(v['SAMPLER_STATISTIC'], 'SAMPLER_STATISTIC')}",
+        f"recipe.cap.enable={0 if baseline else int(v['VLLM_ROLLOUT_EARLY_STOP_ENABLE'])}",
+        f"recipe.cap.mode={v['VLLM_ROLLOUT_EARLY_STOP_MODE']}",
+        f"recipe.cap.factor={v['VLLM_ROLLOUT_EARLY_STOP_FACTOR']}",
+        f"recipe.cap.min_tokens={v['VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS']}",
+        f"recipe.over_sample.enable={int(v['OVER_SAMPLE_ENABLE'])}",
+        f"recipe.over_sample.ratio={v['OVER_SAMPLE_RATIO']}",
+        f"recipe.over_sample.requeue={v['OVER_SAMPLE_REQUEUE']}",
+        f"recipe.over_sample.max_resumes={v['OVER_SAMPLE_MAX_RESUMES']}",
+        # run directory, checkpoints, logging
+        f"trainer.project_name={hydra_quote(v['PROJECT_NAME'], 'PROJECT_NAME')}",
+        f"trainer.experiment_name={hydra_quote(v['EXPERIMENT_NAME'], 'EXPERIMENT_NAME')}",
+        f"trainer.default_local_dir={hydra_quote(paths.run_dir, 'CKPT_ROOT')}",
+        f"trainer.total_epochs={v['TOTAL_EPOCHS']}",
+        f"trainer.save_freq={v['TRAINER_SAVE_FREQ'] if v['SAVE_CKPT_ENABLE'] else -1}",
+        f"trainer.resume_mode={'auto' if v['SAVE_CKPT_ENABLE'] else 'disable'}",
+        f"trainer.max_actor_ckpt_to_keep={v['MAX_CKPT_TO_KEEP']}",
+        f"trainer.test_freq={v['TRAINER_TEST_FREQ']}",
+        f"trainer.val_before_train={_b(v['TRAINER_VAL_BEFORE_TRAIN'])}",
+        "trainer.logger=[" + ",".join(s.strip() for s in v["TRAINER_LOGGER"].split(",") if s.strip()) + "]",
+        # the Ray actors (TaskRunner, workers) may run on other nodes: send them the logging environment
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE={v['WANDB_MODE']}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR={hydra_quote(paths.run_dir, 'CKPT_ROOT')}",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH="
+        f"{hydra_quote(paths.metrics_log, 'CKPT_ROOT')}",
+    ]
+    return o
