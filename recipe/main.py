@@ -1,6 +1,7 @@
-"""Entry point: ``python -m recipe.main [hydra overrides]``.
+"""Entry point: ``python -m recipe.main [--config-name length_aware_grpo_cpu] [hydra overrides]``.
 
-Composes ``configs/length_aware_grpo.yaml`` (verl's ppo_megatron_trainer + recipe keys), resolves it on the driver
+Composes ``configs/length_aware_grpo.yaml`` (verl's ppo_megatron_trainer + recipe keys; ``length_aware_grpo_cpu``:
+verl's FSDP trainer for the CPU preset), resolves it on the driver
 (environment defaults are read here, where the user set them), runs verl's ``validate_config`` and the recipe's
 checks, then verl's ``run_ppo`` with the recipe's TaskRunner.
 """
@@ -32,7 +33,8 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
     OmegaConf.resolve(config)
     parse_settings(OmegaConf.to_container(config))
-    auto_set_device(config)
+    if config.trainer.device != "cpu":  # the CPU config names its device; verl would turn it into the detected one
+        auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     return config
 
@@ -43,7 +45,12 @@ def main(config: DictConfig) -> None:
 
     from .adapter.task_runner import LengthAwareTaskRunnerActor
 
-    run_ppo(prepare_config(config), task_runner_class=LengthAwareTaskRunnerActor)
+    config = prepare_config(config)
+    if config.trainer.device == "cpu" and os.environ.get("VERL_PLATFORM") != "cpu":
+        raise SystemExit("trainer.device=cpu needs the recipe's CPU platform in every process: run "
+                         "`PRESET=cpu bash scripts/train_grpo.sh` (it exports VERL_PLATFORM=cpu and "
+                         "VERL_USE_EXTERNAL_MODULES=recipe.cpu.verl_platform; see recipe/cpu/preset.py)")
+    run_ppo(config, task_runner_class=LengthAwareTaskRunnerActor)
 
 
 if __name__ == "__main__":

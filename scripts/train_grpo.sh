@@ -5,6 +5,7 @@
 #   MODEL_PATH=... DISTCP_PATH=... TRAIN_FILE=... TEST_FILE=... bash scripts/train_grpo.sh [hydra overrides]
 #   DRY_RUN=1 ... bash scripts/train_grpo.sh     # preflight only: print the command and the resolved settings
 #   PRESET=smoke bash scripts/train_grpo.sh      # tiny model, 1 GPU, no downloads
+#   bash scripts/train_grpo.sh                   # no MODEL_PATH, no GPU: PRESET=cpu, the recipe through verl on a CPU
 #
 # Every knob is an environment variable; the table (defaults, Hydra keys) is in the README and comes from
 # recipe/preflight/knobs.py (KNOBS); the preflight builds the Hydra overrides from them. Arguments are extra
@@ -41,12 +42,29 @@ logged() {
 }
 
 gpus="$(recipe_gpu_count)"
-if [[ -z "${PRESET:-}" && -z "${MODEL_PATH:-}" ]] && (( gpus > 0 )); then
-    echo "train_grpo.sh: MODEL_PATH is not set on a GPU machine: running the 1-GPU smoke preset (PRESET=smoke)" >&2
-    export PRESET=smoke
+if [[ -z "${PRESET:-}" && -z "${MODEL_PATH:-}" ]]; then
+    if (( gpus > 0 )); then
+        echo "train_grpo.sh: MODEL_PATH is not set on a GPU machine: running the 1-GPU smoke preset (PRESET=smoke)" >&2
+        export PRESET=smoke
+    elif [[ -z "${RAY_ADDRESS:-}" ]]; then
+        cat >&2 <<'BANNER'
+train_grpo.sh: no MODEL_PATH and no GPU here: running the CPU preset (PRESET=cpu), the whole recipe through
+  verl 0.9.1's own training loop on this CPU in a few minutes: a tiny random Qwen3-MoE, generated prompts and a smoke
+  reward (digit density, not math), verl's FSDP engine and one vLLM CPU replica, with the length-aware sampler and
+  the response cap on. It proves the wiring, not the speed-up (docs/cpu-run.md). For the real job on a GPU cluster:
+  MODEL_PATH=... DISTCP_PATH=... TRAIN_FILE=... TEST_FILE=... bash scripts/train_grpo.sh   (README: Quick start)
+BANNER
+        export PRESET=cpu
+    fi
 fi
 
-PY="$(recipe_python "$ROOT")" || die 1 "no usable Python (see the message above)"
+if [[ "${PRESET:-}" == "cpu" && -z "${RECIPE_PYTHON:-}" ]]; then
+    # vLLM's CPU build lives in the test venv (requirements/cpu-test.txt), not in a GPU stack.
+    bash "$ROOT/scripts/bootstrap_venv.sh" >&2 || die 1 "could not create the CPU venv (scripts/bootstrap_venv.sh)"
+    PY="$ROOT/.venv/bin/python"
+else
+    PY="$(recipe_python "$ROOT")" || die 1 "no usable Python (see the message above)"
+fi
 # This checkout's `recipe` and `reward` packages, for the driver and (through inheritance) a local Ray cluster.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export RECIPE_LAUNCH_STAMP="${RECIPE_LAUNCH_STAMP:-$(date -u +%Y%m%dT%H%M%SZ)}"  # names this launch's log files
@@ -63,7 +81,8 @@ fi
 # shellcheck source=/dev/null
 source "$plan"
 launch=(env WANDB_MODE="$PLAN_WANDB_MODE" WANDB_DIR="$PLAN_WANDB_DIR" VERL_FILE_LOGGER_PATH="$PLAN_METRICS_LOG"
-        PYTHONPATH="$PYTHONPATH" "$PY" -m recipe.main "${PLAN_OVERRIDES[@]}" "$@")
+        PYTHONPATH="$PYTHONPATH" "${PLAN_ENV[@]}" "$PY" -m recipe.main --config-name "$PLAN_CONFIG_NAME"
+        "${PLAN_OVERRIDES[@]}" "$@")
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
     echo "train_grpo.sh: DRY_RUN=1: the command (not run):"
@@ -73,7 +92,7 @@ if [[ "${DRY_RUN:-0}" == "1" ]]; then
     exit 0
 fi
 
-if (( gpus == 0 )) && [[ -z "${RAY_ADDRESS:-}" ]]; then
+if (( gpus == 0 )) && [[ -z "${RAY_ADDRESS:-}" && "${PRESET:-}" != "cpu" ]]; then
     die 3 "no GPU is visible on this machine (nvidia-smi is missing or lists no GPU) and RAY_ADDRESS is" \
         "not set. The preflight passed; nothing was launched. Run on a GPU node, set RAY_ADDRESS to join a running" \
         "Ray cluster, or use DRY_RUN=1 to check only."
@@ -89,5 +108,13 @@ if [[ "$PLAN_SMOKE_CONVERT" == "1" ]]; then
 fi
 
 echo "train_grpo.sh: run dir $PLAN_RUN_DIR; console log $PLAN_CONSOLE_LOG" | tee -a "$PLAN_CONSOLE_LOG"
+if [[ "${PRESET:-}" == "cpu" ]]; then
+    # The CPU run starts its own Ray cluster, a vLLM replica and FSDP workers: a hard limit, and the whole process
+    # tree ends with it (recipe/run_guard.py), so a hung step never outlives the command.
+    launch=("$PY" -m recipe.run_guard --timeout "${CPU_RUN_TIMEOUT_S:-1800}" -- "${launch[@]}")
+fi
 logged "$PLAN_CONSOLE_LOG" "${launch[@]}" || status=$?
+echo "train_grpo.sh: finished with status $status; run dir $PLAN_RUN_DIR" \
+    "(metrics $PLAN_METRICS_LOG, console $PLAN_CONSOLE_LOG, traces $PLAN_RUN_DIR/length_traces.jsonl)" \
+    | tee -a "$PLAN_CONSOLE_LOG"
 exit "$status"

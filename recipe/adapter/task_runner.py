@@ -34,8 +34,21 @@ class LengthAwareTaskRunner(TaskRunnerV1.__ray_actor_class__):
                 f"trainer.v1.trainer_mode={config.trainer.v1.trainer_mode!r}: the length-aware recipe runs on the "
                 "sync v1 trainer; set trainer.v1.trainer_mode=sync"
             )
-        with sync_trainer_is(LengthAwareTrainer):
-            return super().run(config)
+        try:
+            with sync_trainer_is(LengthAwareTrainer):
+                return super().run(config)
+        finally:
+            _teardown_wandb()
+
+
+def _teardown_wandb() -> None:
+    """verl finishes its wandb run in ``run``; wandb's own atexit teardown then runs again while Ray ends this actor
+    and its wandb service process, and prints a ConnectionResetError traceback after every successful run. Tearing
+    wandb down here, in order, leaves its atexit hook nothing to do."""
+    import sys
+
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 LengthAwareTaskRunnerActor = ray.remote(num_cpus=1)(LengthAwareTaskRunner)

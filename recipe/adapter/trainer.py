@@ -7,6 +7,10 @@ Only small hook overrides, each pinned by tests/contract:
   fields (validation batches never pass here, so they are never capped).
 * ``step``: after verl's step, read each response's row id, length, cap and prediction back from TransferQueue,
   update the estimates (before the checkpoint save in ``fit``), log the recipe metrics, append the length trace.
+* ``_build_replay_buffer``: verl's replay buffer, polling TransferQueue every ``recipe.replay_buffer.poll_interval_s``
+  instead of verl's 2 s: a sync step waits for the poll after its last group finishes (up to 2 s of idle replicas
+  per step on the cluster; most of a step on a CPU) and an over-sampled step settles one poll after its B-th group.
+* ``_compute_metrics``: after verl's, prints one compact progress line (``recipe/adapter/progress.py``).
 * over-sampling (``recipe.over_sample.enable``): ``prepare_step`` launches the extra prompts, ``on_sample_end``
   aborts and re-queues the groups that lost the race before the replicas sleep, ``on_step_end`` resumes generation
   after the weight update (see ``recipe/adapter/oversample.py``).
@@ -33,6 +37,7 @@ from ..traces import LengthTraceWriter
 from .columns import column_to_numpy, row_sums
 from .fields import CAP, PARTIAL, PREDICTION, ROW_ID
 from .oversample import OverSampleDriver
+from .progress import progress_line
 from .sampler import LengthAwareEpochSampler
 
 logger = logging.getLogger(__name__)
@@ -56,6 +61,15 @@ class LengthAwareTrainer(PPOTrainerSync):
             self.trace_writer = LengthTraceWriter(
                 self.settings.traces.path or os.path.join(run_dir, "length_traces.jsonl"))
         self.over_sample: OverSampleDriver | None = None  # built with the dataloader (needs the tokenizer)
+
+    def _build_replay_buffer(self):
+        buffer = super()._build_replay_buffer()
+        buffer.poll_interval = self.settings.poll_interval_s
+        return buffer
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        print(progress_line(global_steps, self.total_training_steps, metrics), flush=True)
 
     # -- dataloader ------------------------------------------------------------------------------------------------
     def _init_dataloader(self):

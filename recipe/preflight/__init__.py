@@ -32,8 +32,8 @@ from .compose import check_verl_dataclasses, compose_config
 from .data import check_data
 from .distcp import check_distcp, distcp_problem
 from .env import parse_env
-from .knobs import ARR, KNOB, KNOBS, Knob, env_table_markdown
-from .layout import check_parallel
+from .knobs import ARR, KNOB, KNOBS, Knob, env_table_markdown, is_cpu
+from .layout import check_parallel, fsdp_layout
 from .model import model_config
 from .overrides import RunPaths, build_overrides, run_paths
 from .report import PreflightReport, dump, format_report, summary_table, write_plan
@@ -46,11 +46,14 @@ __all__ = ["KNOB", "KNOBS", "Knob", "PreflightReport", "RunPaths", "build_overri
 
 def _effective_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment with the preset's values under the user's explicit (non-empty) ones."""
-    if (env.get("PRESET") or "").strip() != "smoke":
+    preset = (env.get("PRESET") or "").strip()
+    if preset == "smoke":
+        from ..smoke import smoke_env as preset_env
+    elif preset == "cpu":
+        from ..cpu.preset import cpu_env as preset_env
+    else:
         return dict(env)
-    from ..smoke import smoke_env
-
-    return {**smoke_env(env), **{k: val for k, val in env.items() if val.strip() != ""}}
+    return {**preset_env(env), **{k: val for k, val in env.items() if val.strip() != ""}}
 
 
 def run_preflight(overrides: list[str] | tuple[str, ...] = (), env: Mapping[str, str] | None = None
@@ -87,13 +90,15 @@ def _check_config(cfg, values: dict, report: PreflightReport) -> None:
     c = OmegaConf.to_container(cfg)
     errors, notes = report.errors, report.notes
     hf = model_config(select(c, f"{ARR}.model.path"), errors)
-    layout = check_parallel(c, hf, errors)
+    megatron = not is_cpu(values)
+    layout = check_parallel(c, hf, errors) if megatron else fsdp_layout(c)
     check_rollout(c, hf, layout["world"], errors)
     check_batches(c, layout["dp"], errors)
     cap_note(c, notes)
     check_data(c, select(c, "data.train_batch_size"), errors)
     check_reward(c, errors)
-    report.smoke_convert = check_distcp(c, values["PRESET"] == "smoke", errors, notes)
+    if megatron:
+        report.smoke_convert = check_distcp(c, values["PRESET"] == "smoke", errors, notes)
     if not errors:
-        check_verl_dataclasses(cfg, errors)
+        check_verl_dataclasses(cfg, megatron, errors)
     report.table = summary_table(c, values, layout, hf, report)

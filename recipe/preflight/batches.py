@@ -21,7 +21,7 @@ def check_batches(cfg: Mapping, dp: int | None, errors: list[str]) -> None:
                       f"split over the {dp} data-parallel ranks (GPUs / (ACTOR_TP x ACTOR_PP x ACTOR_CP)); verl would "
                       "pad with dummy rows: choose a mini-batch whose x ROLLOUT_N is a multiple of the DP size")
     longest = select(cfg, "data.max_prompt_length") + select(cfg, "data.max_response_length")
-    cp = select(cfg, f"{MEG}.context_parallel_size")
+    cp = select(cfg, f"{MEG}.context_parallel_size") or 1  # FSDP (CPU preset): none
     budgets = (("ACTOR_PPO_MAX_TOKEN_LEN_PER_GPU", "actor.ppo_max_token_len_per_gpu", "actor.use_dynamic_bsz"),
                ("LOG_PROB_MAX_TOKEN_LEN_PER_GPU", "rollout.log_prob_max_token_len_per_gpu",
                 "rollout.log_prob_use_dynamic_bsz"),

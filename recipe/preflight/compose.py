@@ -5,12 +5,13 @@ import contextlib
 import io
 
 from ..settings import RecipeConfigError
-from .knobs import ARR, MEG
+from .knobs import ARR, MEG, config_name
 from .report import PreflightReport
 
 
 def compose_config(report: PreflightReport):
-    """Compose exactly what ``python -m recipe.main <overrides>`` composes, then ``prepare_config``."""
+    """Compose exactly what ``python -m recipe.main --config-name <name> <overrides>`` composes, then
+    ``prepare_config``."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -19,7 +20,7 @@ def compose_config(report: PreflightReport):
 
     try:
         with initialize_config_dir(config_dir=CONFIGS_DIR, version_base=None):
-            cfg = compose(config_name="length_aware_grpo", overrides=report.overrides)
+            cfg = compose(config_name=config_name(report.values), overrides=report.overrides)
     except (HydraException, OmegaConfBaseException) as e:
         detail = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
         report.errors.append(f"the overrides do not compose: {detail} (check the extra arguments passed after the "
@@ -54,12 +55,12 @@ def quiet():
         logging.disable(logging.NOTSET)
 
 
-def check_verl_dataclasses(cfg, errors: list[str]) -> None:
+def check_verl_dataclasses(cfg, megatron: bool, errors: list[str]) -> None:
     """What verl checks only when the workers build their configs (e.g. the rollout EP rule)."""
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    for key in (f"{ARR}.rollout", MEG):
+    for key in (f"{ARR}.rollout", MEG) if megatron else (f"{ARR}.rollout",):
         try:
             with quiet():
                 omega_conf_to_dataclass(OmegaConf.select(cfg, key))

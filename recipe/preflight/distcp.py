@@ -54,6 +54,9 @@ def check_distcp(cfg: Mapping, smoke: bool, errors: list[str], notes: list[str])
         m = select(cfg, f"{ARR}.{role}.megatron")
         if m.get("use_dist_checkpointing"):
             roles.setdefault(m.get("dist_checkpointing_path") or "", []).append(f"{ARR}.{role}.megatron")
+    if not roles:
+        notes.append("DISTCP_PATH=none: no dist checkpoint; Megatron-Bridge loads the Hugging Face weights of "
+                     "MODEL_PATH for actor and ref at every start (converting once makes starts faster)")
     create = False
     for path, keys in roles.items():
         problem = distcp_problem(path) if path else "is not set"

@@ -32,7 +32,9 @@ def _parse_value(knob: Knob, raw: str) -> Any:
         if raw.strip() not in knob.choices:
             raise ValueError("must be one of " + ", ".join(repr(c) for c in knob.choices if c))
         return raw.strip()
-    if knob.kind == "path":
+    if knob.kind == "path_or_none" and raw.strip().lower() == "none":
+        return "none"
+    if knob.kind in ("path", "path_or_none"):
         return os.path.abspath(os.path.expanduser(raw.strip()))
     if knob.kind == "paths":
         parts = [p.strip() for p in raw.split(",") if p.strip()]
@@ -45,9 +47,10 @@ def _parse_value(knob: Knob, raw: str) -> Any:
 
 _REQUIRED_HINT = {
     "MODEL_PATH": "export MODEL_PATH=/path/to/Qwen3-30B-A3B (a Hugging Face model dir), or PRESET=smoke for the "
-                  "tiny 1-GPU run",
+                  "tiny 1-GPU run, or PRESET=cpu for the tiny run on a CPU",
     "DISTCP_PATH": "export DISTCP_PATH=/path/to/qwen3-30b-a3b-mcore (create it with `MODEL_PATH=... DISTCP_PATH=... "
-                   "bash scripts/convert_hf_to_distcp.sh` on a GPU node)",
+                   "bash scripts/convert_hf_to_distcp.sh` on a GPU node), or DISTCP_PATH=none to let Megatron-Bridge load "
+                   "MODEL_PATH directly",
     "TRAIN_FILE": "export TRAIN_FILE=/path/to/train.parquet (`python scripts/prepare_data.py --help` converts "
                   "GSM8K / DAPO-Math-17k / DeepScaleR)",
     "TEST_FILE": "export TEST_FILE=/path/to/test.parquet",
@@ -99,8 +102,12 @@ def _cross_env_errors(v: dict) -> list[str]:
         errors.append(f"TRAIN_BATCH_SIZE={v['TRAIN_BATCH_SIZE']} is not a multiple of GEN_BATCH_SIZE="
                       f"{v['GEN_BATCH_SIZE']}: verl fetches whole gen batches per step; unset GEN_BATCH_SIZE (= the "
                       "train batch) or make it divide TRAIN_BATCH_SIZE")
-    if v["VLLM_EAGER_BASELINE_NO_RESAMPLE"] and v["OVER_SAMPLE_ENABLE"]:
-        errors.append("VLLM_EAGER_BASELINE_NO_RESAMPLE=1 turns the length-aware sampler off, but OVER_SAMPLE_ENABLE=1 "
+    if v["VLLM_EAGER_BASELINE_NO_RESAMPLE"] and v["BASELINE_NO_RESAMPLE"]:
+        errors.append("VLLM_EAGER_BASELINE_NO_RESAMPLE=1 and BASELINE_NO_RESAMPLE=1 name two baseline arms: set one "
+                      "(BASELINE_NO_RESAMPLE=1: the fair one, same vLLM mode as the resampler arm)")
+    arm = "VLLM_EAGER_BASELINE_NO_RESAMPLE" if v["VLLM_EAGER_BASELINE_NO_RESAMPLE"] else "BASELINE_NO_RESAMPLE"
+    if v[arm] and v["OVER_SAMPLE_ENABLE"]:
+        errors.append(f"{arm}=1 turns the length-aware sampler off, but OVER_SAMPLE_ENABLE=1 "
                       "needs it: unset OVER_SAMPLE_ENABLE for the baseline arm")
     if "/" in v["EXPERIMENT_NAME"] or v["EXPERIMENT_NAME"] in (".", ".."):
         errors.append(f"EXPERIMENT_NAME={v['EXPERIMENT_NAME']!r} must be a plain directory name (no '/')")

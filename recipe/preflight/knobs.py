@@ -36,10 +36,30 @@ def _prompt_plus_response(v: dict) -> int:
     return v["MAX_PROMPT_LENGTH"] + v["MAX_RESPONSE_LENGTH"]
 
 
+def is_cpu(v: dict) -> bool:
+    """The CPU preset: verl's FSDP engine and a vLLM CPU replica instead of Megatron on GPUs."""
+    return v["PRESET"] == "cpu"
+
+
+def config_name(v: dict) -> str:
+    """The recipe config the launch composes (``configs/``): Megatron on GPUs, verl's FSDP engine on a CPU."""
+    from ..cpu.preset import CONFIG_NAME as CPU_CONFIG
+
+    return CPU_CONFIG if is_cpu(v) else "length_aware_grpo"
+
+
+def baseline_arm(v: dict) -> str | None:
+    """``"fair"`` (sampler and cap off, all else equal), ``"eager"`` (the seed's: also eager vLLM) or None."""
+    if v["VLLM_EAGER_BASELINE_NO_RESAMPLE"]:
+        return "eager"
+    return "fair" if v["BASELINE_NO_RESAMPLE"] else None
+
+
 def _experiment_name(v: dict) -> str:
     """``<model>-grpo-<variant>``: a run directory per model and comparison arm."""
-    if v["VLLM_EAGER_BASELINE_NO_RESAMPLE"]:
-        variant = "baseline"
+    arm = baseline_arm(v)
+    if arm is not None:
+        variant = "baseline" if arm == "fair" else "baseline-eager"
     else:
         variant = "resampler"
         if not v["VLLM_ROLLOUT_EARLY_STOP_ENABLE"]:
@@ -48,7 +68,7 @@ def _experiment_name(v: dict) -> str:
             variant += "-calcap"
         if v["OVER_SAMPLE_ENABLE"]:
             variant += "-os"
-    model = "smoke" if v["PRESET"] == "smoke" else re.sub(r"[^a-z0-9._-]+", "-", Path(v["MODEL_PATH"]).name.lower())
+    model = v["PRESET"] if v["PRESET"] else re.sub(r"[^a-z0-9._-]+", "-", Path(v["MODEL_PATH"]).name.lower())
     return f"{model}-grpo-{variant}"
 
 
@@ -60,13 +80,15 @@ _G_IN, _G_CLUSTER, _G_BATCH, _G_MEGATRON, _G_ROLLOUT, _G_RECIPE, _G_RUN, _G_SCRI
 )
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("PRESET", "choice", "", "(the defaults of the other variables)", "`smoke`: tiny random Qwen3-MoE, "
-         "generated math data, 1 GPU; the default when MODEL_PATH is unset on a GPU machine", default_doc="unset",
-         choices=("", "smoke"), group=_G_IN),
+    Knob("PRESET", "choice", "", "(the defaults of the other variables)", "`cpu`: the whole recipe through verl's "
+         "loop on a CPU (tiny random Qwen3-MoE, FSDP, vLLM CPU; a few minutes), the default when MODEL_PATH is unset "
+         "and no GPU is visible; `smoke`: the tiny model on 1 GPU with Megatron, the default when MODEL_PATH is "
+         "unset on a GPU machine", default_doc="unset", choices=("", "cpu", "smoke"), group=_G_IN),
     Knob("MODEL_PATH", "path", None, f"{ARR}.model.path", "Hugging Face model dir (config.json, tokenizer, "
          "safetensors: vLLM loads it)", group=_G_IN),
-    Knob("DISTCP_PATH", "path", None, f"{ARR}.{{actor,ref}}.megatron.use_dist_checkpointing=True, "
-         ".dist_checkpointing_path", "Megatron dist checkpoint of MODEL_PATH for actor and ref (convert script)",
+    Knob("DISTCP_PATH", "path_or_none", None, f"{ARR}.{{actor,ref}}.megatron.use_dist_checkpointing=True, "
+         ".dist_checkpointing_path", "Megatron dist checkpoint of MODEL_PATH for actor and ref (convert script); "
+         "`none`: no dist checkpoint, Megatron-Bridge loads MODEL_PATH itself (slower start, no conversion)",
          group=_G_IN),
     Knob("TRAIN_FILE", "paths", None, "data.train_files", "train parquet in verl RL format (comma-separated for "
          "several; `scripts/prepare_data.py` writes it)", group=_G_IN),
@@ -137,9 +159,12 @@ KNOBS: tuple[Knob, ...] = (
          minimum=1, group=_G_ROLLOUT),
     Knob("ROLLOUT_MAX_NUM_BATCHED_TOKENS", "int", _prompt_plus_response, f"{ARR}.rollout.max_num_batched_tokens",
          "tokens per vLLM scheduler step (chunked prefill)", default_doc=_P_PLUS_R, minimum=1, group=_G_ROLLOUT),
+    Knob("BASELINE_NO_RESAMPLE", "bool", "0", "data.sampler.class_path=null, recipe.cap.enable=0, "
+         "data.shuffle=True", "the fair baseline arm: verl's seeded random order, no cap, everything else as in the "
+         "resampler arm (ignores the cap and sampler variables)", group=_G_RECIPE),
     Knob("VLLM_EAGER_BASELINE_NO_RESAMPLE", "bool", "0", f"{ARR}.rollout.enforce_eager=True, "
-         "data.sampler.class_path=null, recipe.cap.enable=0", "the baseline arm: eager vLLM, verl's sampler, no "
-         "cap (ignores the cap and sampler variables)", group=_G_RECIPE),
+         "data.sampler.class_path=null, recipe.cap.enable=0, data.shuffle=True", "the seed's baseline arm: the fair "
+         "baseline plus eager vLLM (no CUDA graphs), so it measures the vLLM mode too", group=_G_RECIPE),
     Knob("VLLM_ROLLOUT_EARLY_STOP_ENABLE", "bool", "1", "recipe.cap.enable", "per-batch response cap (vLLM "
          "max_tokens)", group=_G_RECIPE),
     Knob("VLLM_ROLLOUT_EARLY_STOP_MODE", "choice", "seed", "recipe.cap.mode", "`seed`: min(response, max(MIN_TOKENS, "
@@ -149,6 +174,8 @@ KNOBS: tuple[Knob, ...] = (
          group=_G_RECIPE),
     Knob("VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS", "int", "10000", "recipe.cap.min_tokens", "seed cap floor",
          minimum=1, group=_G_RECIPE),
+    Knob("DATA_SEED", "int", "0", "data.seed, data.sampler.seed", "seed of the data order: verl's random order in the "
+         "baseline arms, the sampler's first epoch and tie-breaks", minimum=0, group=_G_RECIPE),
     Knob("SAMPLER_BUCKET_SIZE", "float", "1024", "data.sampler.bucket_size", "tokens per length bucket",
          minimum=0, group=_G_RECIPE),
     Knob("SAMPLER_EMA_DECAY", "float", "0.7", "data.sampler.ema_decay", "weight of the old estimate (0..0.999)",
@@ -198,6 +225,8 @@ KNOBS: tuple[Knob, ...] = (
          "path", default_doc="unset", group=_G_SCRIPT),
     Knob("RECIPE_PYTHON", "script", None, "(script)", "Python to use (else `.venv-gpu`, a `python3` with verl, a new "
          "`.venv-gpu` on a GPU machine, or the CPU `.venv`)", default_doc="unset", group=_G_SCRIPT),
+    Knob("CPU_RUN_TIMEOUT_S", "script", "1800", "(script)", "PRESET=cpu: hard limit of the run; the whole process "
+         "tree (Ray, vLLM, FSDP workers) is ended with it", group=_G_SCRIPT),
     Knob("RAY_ADDRESS", "script", None, "(ray.init)", "join a running Ray cluster (multi-node); no local GPU "
          "needed on the launching machine", default_doc="unset", group=_G_SCRIPT),
     Knob("CONVERT_PP", "script", "ACTOR_PP", "--pp_size", "pipeline ranks of the conversion", group=_G_CONVERT),

@@ -9,6 +9,12 @@ from .knobs import MEG
 from .model import expert_count
 
 
+def fsdp_layout(cfg: Mapping) -> dict:
+    """The CPU preset's layout for the other checks and the summary: verl's FSDP engine, data parallel only."""
+    world = select(cfg, "trainer.nnodes") * select(cfg, "trainer.n_gpus_per_node")
+    return {"world": world, "dp": world, "etp": None, "edp": None, "split": [], "experts": None}
+
+
 def check_parallel(cfg: Mapping, hf: dict | None, errors: list[str]) -> dict:
     """Megatron-core 0.16 layout rules (``parallel_state.initialize_model_parallel``, ``TransformerConfig``).
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..settings import RecipeConfigError
-from .knobs import ARR, MEG
+from .knobs import ARR, MEG, baseline_arm, is_cpu
 
 
 def hydra_quote(value: str, var: str) -> str:
@@ -53,24 +53,30 @@ def run_paths(v: dict, env: Mapping[str, str]) -> RunPaths:
 
 
 def build_overrides(v: dict, paths: RunPaths) -> list[str]:
-    """The Hydra overrides for parsed values ``v``; every key is set explicitly, even where the YAML agrees."""
-    baseline = v["VLLM_EAGER_BASELINE_NO_RESAMPLE"]
-    meg, ref = MEG, f"{ARR}.ref.megatron"
-    otc = f"{meg}.override_transformer_config"
-    o = [
-        # inputs
+    """The Hydra overrides for parsed values ``v``; every key is set explicitly, even where the YAML agrees.
+
+    The Megatron block applies to the GPU configs; the CPU preset's config (``length_aware_grpo_cpu``) has verl's
+    FSDP engine, whose CPU settings live in that YAML, and gets the CPU platform's environment instead.
+    """
+    o = _inputs(v) + _algorithm_and_batches(v)
+    o += _cpu_platform(v) if is_cpu(v) else _megatron(v)
+    return o + _rollout(v) + _arms(v) + _run(v, paths)
+
+
+def _inputs(v: dict) -> list[str]:
+    return [
         f"{ARR}.model.path={hydra_quote(v['MODEL_PATH'], 'MODEL_PATH')}",
-        f"{meg}.use_dist_checkpointing=True",
-        f"{meg}.dist_checkpointing_path={hydra_quote(v['DISTCP_PATH'], 'DISTCP_PATH')}",
-        f"{ref}.use_dist_checkpointing=True",  # verl's ref does not inherit these two
-        f"{ref}.dist_checkpointing_path={hydra_quote(v['DISTCP_PATH'], 'DISTCP_PATH')}",
         f"data.train_files={_files(v['TRAIN_FILE'], 'TRAIN_FILE')}",
         f"data.val_files={_files(v['TEST_FILE'], 'TEST_FILE')}",
         f"reward.custom_reward_function.path={hydra_quote(v['REWARD_FUNCTION_PATH'], 'REWARD_FUNCTION_PATH')}",
         f"reward.custom_reward_function.name={hydra_quote(v['REWARD_FUNCTION_NAME'], 'REWARD_FUNCTION_NAME')}",
-        # cluster
         f"trainer.nnodes={v['NNODES']}",
         f"trainer.n_gpus_per_node={v['GPUS_PER_NODE']}",
+    ]
+
+
+def _algorithm_and_batches(v: dict) -> list[str]:
+    return [
         # GRPO: group-normalised advantages, no critic, KL as a loss term (not in the reward)
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=False",
@@ -80,12 +86,11 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
         f"{ARR}.actor.entropy_coeff=0",
         f"{ARR}.actor.optim.lr={v['ACTOR_LR']}",
         f"{ARR}.actor.ppo_mini_batch_size={v['ACTOR_PPO_MINI_BATCH_SIZE']}",
-        # data: the sampler decides the order; worker processes would hold stale sampler copies
         f"data.train_batch_size={v['TRAIN_BATCH_SIZE']}",
         f"data.gen_batch_size={v['GEN_BATCH_SIZE']}",
         f"data.max_prompt_length={v['MAX_PROMPT_LENGTH']}",
         f"data.max_response_length={v['MAX_RESPONSE_LENGTH']}",
-        "data.shuffle=False",
+        # worker processes would hold stale copies of the sampler (its estimates change every step)
         "data.dataloader_num_workers=0",
         f"{ARR}.rollout.n={v['ROLLOUT_N']}",
         # dynamic batch sizes: micro-batches packed up to a token budget
@@ -95,7 +100,19 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
         f"{ARR}.rollout.log_prob_max_token_len_per_gpu={v['LOG_PROB_MAX_TOKEN_LEN_PER_GPU']}",
         f"{ARR}.ref.log_prob_use_dynamic_bsz=True",
         f"{ARR}.ref.log_prob_max_token_len_per_gpu={v['LOG_PROB_MAX_TOKEN_LEN_PER_GPU']}",
-        # Megatron (the ref inherits the parallel sizes and override_transformer_config through oc.select)
+    ]
+
+
+def _megatron(v: dict) -> list[str]:
+    meg, ref = MEG, f"{ARR}.ref.megatron"
+    otc = f"{meg}.override_transformer_config"
+    distcp = v["DISTCP_PATH"] != "none"  # none: Megatron-Bridge loads MODEL_PATH (verl's own CI path)
+    o = [f"{meg}.use_dist_checkpointing={_b(distcp)}", f"{ref}.use_dist_checkpointing={_b(distcp)}"]
+    if distcp:  # verl's ref does not inherit these two
+        o += [f"{meg}.dist_checkpointing_path={hydra_quote(v['DISTCP_PATH'], 'DISTCP_PATH')}",
+              f"{ref}.dist_checkpointing_path={hydra_quote(v['DISTCP_PATH'], 'DISTCP_PATH')}"]
+    o += [
+        # the ref inherits the parallel sizes and override_transformer_config through oc.select
         f"{meg}.tensor_model_parallel_size={v['ACTOR_TP']}",
         f"{meg}.pipeline_model_parallel_size={v['ACTOR_PP']}",
         f"{meg}.context_parallel_size={v['ACTOR_CP']}",
@@ -114,8 +131,21 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
         o.append(f"+{otc}.num_layers_in_last_pipeline_stage={v['ACTOR_PP_LAST_LAYERS']}")
     if v["ACTOR_RECOMPUTE"]:
         o += [f"{otc}.recompute_granularity=full", f"{otc}.recompute_method=uniform", f"{otc}.recompute_num_layers=1"]
-    o += [
-        # vLLM rollout
+    return o
+
+
+def _cpu_platform(v: dict) -> list[str]:
+    """The CPU platform's environment for every Ray actor (a local cluster inherits it too; this also covers a
+    cluster started by hand)."""
+    from ..cpu.preset import PLATFORM_ENV
+
+    return [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_quote(val, k)}" for k, val in PLATFORM_ENV.items()]
+
+
+def _rollout(v: dict) -> list[str]:
+    # the seed's baseline arm runs vLLM eagerly; the CPU config is always eager (no CUDA graphs on a CPU)
+    eager = baseline_arm(v) == "eager" or is_cpu(v)
+    return [
         f"{ARR}.rollout.name=vllm",
         f"{ARR}.rollout.tensor_model_parallel_size={v['ROLLOUT_TP']}",
         f"{ARR}.rollout.data_parallel_size={v['ROLLOUT_DP']}",
@@ -123,10 +153,20 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
         f"{ARR}.rollout.gpu_memory_utilization={v['ROLLOUT_GPU_MEMORY_UTILIZATION']}",
         f"{ARR}.rollout.max_num_seqs={v['ROLLOUT_MAX_NUM_SEQS']}",
         f"{ARR}.rollout.max_num_batched_tokens={v['ROLLOUT_MAX_NUM_BATCHED_TOKENS']}",
-        f"{ARR}.rollout.enforce_eager={_b(baseline)}",
-        # the comparison switch, the sampler and the cap (the YAML reads the same variables as its defaults)
+        f"{ARR}.rollout.enforce_eager={_b(eager)}",
+    ]
+
+
+def _arms(v: dict) -> list[str]:
+    """The comparison switches: a baseline arm turns sampler and cap off and reads the data in verl's seeded random
+    order (nothing needs ``data.shuffle=False`` without the sampler); the resampler arm's sampler decides the order."""
+    baseline = baseline_arm(v) is not None
+    return [
+        f"data.shuffle={_b(baseline)}",
+        f"data.seed={v['DATA_SEED']}",
         "data.sampler.class_path=" + ("null" if baseline else "pkg://recipe.adapter.sampler"),
         "data.sampler.class_name=LengthAwareEpochSampler",
+        f"data.sampler.seed={v['DATA_SEED']}",
         f"data.sampler.bucket_size={v['SAMPLER_BUCKET_SIZE']}",
         f"data.sampler.ema_decay={v['SAMPLER_EMA_DECAY']}",
         f"data.sampler.shuffle_batch_blocks={_b(v['SAMPLER_SHUFFLE_BATCH_BLOCKS'])}",
@@ -139,7 +179,14 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
         f"recipe.over_sample.ratio={v['OVER_SAMPLE_RATIO']}",
         f"recipe.over_sample.requeue={v['OVER_SAMPLE_REQUEUE']}",
         f"recipe.over_sample.max_resumes={v['OVER_SAMPLE_MAX_RESUMES']}",
-        # run directory, checkpoints, logging
+    ]
+
+
+def _run(v: dict, paths: RunPaths) -> list[str]:
+    """Run directory, checkpoints and logging; the Ray actors (TaskRunner, workers) may run on other nodes, so
+    they get the logging environment explicitly."""
+    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
+    return [
         f"trainer.project_name={hydra_quote(v['PROJECT_NAME'], 'PROJECT_NAME')}",
         f"trainer.experiment_name={hydra_quote(v['EXPERIMENT_NAME'], 'EXPERIMENT_NAME')}",
         f"trainer.default_local_dir={hydra_quote(paths.run_dir, 'CKPT_ROOT')}",
@@ -150,10 +197,7 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
         f"trainer.test_freq={v['TRAINER_TEST_FREQ']}",
         f"trainer.val_before_train={_b(v['TRAINER_VAL_BEFORE_TRAIN'])}",
         "trainer.logger=[" + ",".join(s.strip() for s in v["TRAINER_LOGGER"].split(",") if s.strip()) + "]",
-        # the Ray actors (TaskRunner, workers) may run on other nodes: send them the logging environment
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE={v['WANDB_MODE']}",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR={hydra_quote(paths.run_dir, 'CKPT_ROOT')}",
-        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH="
-        f"{hydra_quote(paths.metrics_log, 'CKPT_ROOT')}",
+        f"{env}.WANDB_MODE={v['WANDB_MODE']}",
+        f"{env}.WANDB_DIR={hydra_quote(paths.run_dir, 'CKPT_ROOT')}",
+        f"{env}.VERL_FILE_LOGGER_PATH={hydra_quote(paths.metrics_log, 'CKPT_ROOT')}",
     ]
-    return o

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..settings import select
 from .batches import is_on
-from .knobs import ARR, MEG
+from .knobs import ARR, MEG, config_name, is_cpu
 from .model import expert_count
 from .overrides import RunPaths, hydra_quote
 
@@ -40,22 +40,16 @@ class PreflightReport:
 
 def summary_table(c: Mapping, v: dict, layout: dict, hf: dict | None, report: PreflightReport
                   ) -> list[tuple[str, str]]:
-    m = lambda k: select(c, f"{MEG}.{k}")  # noqa: E731
     r = lambda k: select(c, f"{ARR}.rollout.{k}")  # noqa: E731
     world = layout.get("world") or 0
     cap, os_, sampler = select(c, "recipe.cap", {}), select(c, "recipe.over_sample", {}), select(c, "data.sampler", {})
-    rws, tp = r("tensor_model_parallel_size") * r("data_parallel_size"), m("tensor_model_parallel_size")
+    rws = r("tensor_model_parallel_size") * r("data_parallel_size")
     rows = [
         ("preset", v["PRESET"] or "(none)"),
         ("model", f"{select(c, f'{ARR}.model.path')}"
                   + (f"  [{hf.get('num_hidden_layers')} layers, {expert_count(hf)} experts]" if hf else "")),
-        ("dist checkpoint", f"{m('dist_checkpointing_path')} (actor and ref)"
-                            + ("  [created at launch]" if report.smoke_convert else "")),
-        ("GPUs", f"{world} = NNODES {select(c, 'trainer.nnodes')} x GPUS_PER_NODE {select(c, 'trainer.n_gpus_per_node')}"),
-        ("actor parallel", f"TP {tp} x PP {m('pipeline_model_parallel_size')} x CP {m('context_parallel_size')} -> "
-                           f"DP {layout.get('dp')}; EP {m('expert_model_parallel_size')} x ETP {layout.get('etp')} -> "
-                           f"expert DP {layout.get('edp')}; SP {bool(m('sequence_parallel')) and tp > 1}"),
-        ("pipeline layers", " | ".join(str(n) for n in layout.get("split") or []) or "?"),
+        *(_megatron_rows(c, layout, report) if not is_cpu(v) else
+          [("actor", f"verl's FSDP engine on the CPU ({select(c, f'{ARR}.actor.strategy')}), vLLM CPU rollout")]),
         ("vLLM rollout", f"TP {r('tensor_model_parallel_size')} x DP {r('data_parallel_size')} -> "
                          f"{world // rws if rws else '?'} replica(s); EP {r('expert_parallel_size')}; enforce_eager "
                          f"{r('enforce_eager')}; gpu_memory_utilization {r('gpu_memory_utilization')}; max_num_seqs "
@@ -85,6 +79,21 @@ def summary_table(c: Mapping, v: dict, layout: dict, hf: dict | None, report: Pr
     return rows
 
 
+def _megatron_rows(c: Mapping, layout: dict, report: PreflightReport) -> list[tuple[str, str]]:
+    m = lambda k: select(c, f"{MEG}.{k}")  # noqa: E731
+    tp, world = m("tensor_model_parallel_size"), layout.get("world") or 0
+    distcp = (f"{m('dist_checkpointing_path')} (actor and ref)" + ("  [created at launch]" if report.smoke_convert
+              else "")) if m("use_dist_checkpointing") else "none: Megatron-Bridge loads MODEL_PATH"
+    return [
+        ("dist checkpoint", distcp),
+        ("GPUs", f"{world} = NNODES {select(c, 'trainer.nnodes')} x GPUS_PER_NODE {select(c, 'trainer.n_gpus_per_node')}"),
+        ("actor parallel", f"TP {tp} x PP {m('pipeline_model_parallel_size')} x CP {m('context_parallel_size')} -> "
+                           f"DP {layout.get('dp')}; EP {m('expert_model_parallel_size')} x ETP {layout.get('etp')} -> "
+                           f"expert DP {layout.get('edp')}; SP {bool(m('sequence_parallel')) and tp > 1}"),
+        ("pipeline layers", " | ".join(str(n) for n in layout.get("split") or []) or "?"),
+    ]
+
+
 def format_report(report: PreflightReport) -> str:
     lines = []
     if report.table:
@@ -102,6 +111,8 @@ def format_report(report: PreflightReport) -> str:
 
 def write_plan(report: PreflightReport, path: str) -> None:
     """A bash-sourceable plan for the launch (``PLAN_*`` variables and the ``PLAN_OVERRIDES`` array)."""
+    from ..cpu.preset import PLATFORM_ENV
+
     v, p = report.values, report.paths
     q = shlex.quote
     env_vars = select(report.config, "ray_kwargs.ray_init.runtime_env.env_vars", {}) if report.config else {}
@@ -114,6 +125,9 @@ def write_plan(report: PreflightReport, path: str) -> None:
         f"PLAN_MODEL_PATH={q(v['MODEL_PATH'])}",
         f"PLAN_DISTCP_PATH={q(v['DISTCP_PATH'])}",
         f"PLAN_SMOKE_CONVERT={int(report.smoke_convert)}",
+        f"PLAN_CONFIG_NAME={q(config_name(v))}",
+        # the CPU preset's platform environment, for the launch's own process (its Ray actors get it from the config)
+        "PLAN_ENV=(" + " ".join(q(f"{k}={val}") for k, val in (PLATFORM_ENV.items() if is_cpu(v) else ())) + ")",
         # the user's arguments are appended by the script, after these
         "PLAN_OVERRIDES=(" + " ".join(q(o) for o in report.env_overrides)
         + " " + q(f"hydra.run.dir={hydra_quote(p.hydra_dir, 'CKPT_ROOT')}") + ")",
