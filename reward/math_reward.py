@@ -8,6 +8,16 @@ Comparison runs in two stages: a conservative pure-Python check (normalised stri
 accepts the common cases without any dependency, then math-verify for the rest. math-verify bounds its own
 work with ``signal.alarm``, which only works in a main thread, so it runs in a few long-lived helper
 processes where it is the main thread; a helper that overruns is killed and restarted.
+
+Unfinished thinking. A response cut by the response cap or ``response_length`` while still inside ``<think>`` has
+no final answer, only drafts; scoring a tentative ``\\boxed{}`` from it would reward truncation (and favour the
+arm that truncates more). By default such a response scores as no answer (0.0). Options, passed by verl as
+``reward.custom_reward_function.reward_kwargs.<name>`` (``+`` prefix on the command line):
+
+- ``unclosed_think``: ``"no_answer"`` (default) or ``"search"`` (the old behaviour: search the unfinished thinking).
+- ``think_in_prompt``: ``True`` when the chat template opens ``<think>`` in the prompt (e.g. Qwen3-*-Thinking-2507),
+  so a response is unfinished thinking until its ``</think>``. Default ``False`` (Qwen3 hybrid models write
+  ``<think>`` in the response; a response without any tag, from a non-thinking model, is scored as it is).
 """
 
 from __future__ import annotations
@@ -41,14 +51,35 @@ MATH_VERIFY_PROCESSES = 4
 MATH_VERIFY_AVAILABLE = importlib.util.find_spec("math_verify") is not None
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+UNCLOSED_THINK_MODES = ("no_answer", "search")
+_KWARGS_KEY = "reward.custom_reward_function.reward_kwargs"
+
+
+def compute_score(
+    data_source,
+    solution_str,
+    ground_truth,
+    extra_info=None,
+    unclosed_think: str = "no_answer",
+    think_in_prompt: bool = False,
+    **kwargs,
+) -> float:
     """Score one response: 1.0 if its final answer equals ``ground_truth``, else 0.0.
 
-    ``**kwargs`` absorbs what verl may add (``reward_kwargs`` from the config, ``reward_router_address``,
-    ``reward_model_tokenizer``). Any failure scores 0.0: a malformed response must not kill a training step.
+    ``unclosed_think``/``think_in_prompt``: see the module docstring. ``**kwargs`` absorbs what else verl may add
+    (``reward_router_address``, ``reward_model_tokenizer``). Any failure on the response scores 0.0: a malformed
+    response must not kill a training step; a bad option raises (a config error must not score silently).
     """
+    if unclosed_think not in UNCLOSED_THINK_MODES:
+        raise ValueError(
+            f"{_KWARGS_KEY}.unclosed_think={unclosed_think!r}: expected one of {', '.join(UNCLOSED_THINK_MODES)}"
+        )
+    if not isinstance(think_in_prompt, bool):
+        raise ValueError(f"{_KWARGS_KEY}.think_in_prompt={think_in_prompt!r}: expected true or false")
     try:
         gold = _ground_truth_text(ground_truth)
+        if unclosed_think == "no_answer" and thinking_unfinished(solution_str, think_in_prompt):
+            return 0.0
         pred = extract_answer(solution_str)
         if gold is None or pred is None:
             return 0.0
@@ -64,6 +95,15 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
 _ANSWER_RE = re.compile(r"(?i)\banswer\s*(?:\*\*)?\s*:[ \t]*([^\n]*\S)")
 _GSM8K_RE = re.compile(r"####[ \t]*([^\n]*\S)")
 _BARE_BOX_ARG_RE = re.compile(r"[^\s${}]+")
+
+
+def thinking_unfinished(text, think_in_prompt: bool = False) -> bool:
+    """Whether ``text`` stops inside its thinking: a ``<think>`` with no ``</think>`` after it (or, when the template
+    opened ``<think>`` in the prompt, no ``</think>`` at all). Searches the whole text: the tag opens at the start."""
+    if not isinstance(text, str):
+        return False
+    close = text.rfind("</think>")
+    return text.rfind("<think>") > close or (think_in_prompt and close < 0)
 
 
 def extract_answer(text) -> str | None:

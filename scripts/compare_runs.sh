@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Compare two runs from their logs (verl file-logger JSONL + length traces): prints a markdown table of
-# B vs A and writes it with PNG plots to --out (default ./compare_<A>_vs_<B>/).
+# Compare two runs from their logs (verl file-logger JSONL, length traces, Hydra's config.yaml of each launch):
+# prints the config keys that differ (a WARNING for any beyond the arms' own switches), a markdown table of B vs A,
+# and writes both with PNG plots (time per step, lengths, cap, validation score over steps and training time) to
+# --out (default ./compare_<A>_vs_<B>/).
 # Usage: scripts/compare_runs.sh RUN_A RUN_B [--out DIR] [--names A,B]
 # Argument checks and their messages live in recipe/report/cli.py; this wrapper only picks the interpreter.
 set -euo pipefail

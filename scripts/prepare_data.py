@@ -1,15 +1,20 @@
 """Convert GSM8K, DAPO-Math-17k or DeepScaleR records into verl's RL parquet, all with one boxed-answer prompt.
 
     python scripts/prepare_data.py --dataset {gsm8k,dapo-math-17k,deepscaler} --input FILE(.jsonl|.json|.parquet) \
-        --output OUT.parquet [--split-test N --test-output TEST.parquet] [--limit N] [--dedup] [--overwrite]
+        --output OUT.parquet [--split-test N --test-output TEST.parquet] [--limit N] [--keep-duplicates] [--overwrite]
 
 Every row gets the same instruction (reason step by step, final answer in ``\\boxed{}``) so that one reward
 (``reward/math_reward.py``) and one response-length budget fit all three sources; DAPO's own "Answer: $Answer"
 wrapper is removed rather than stacked under ours. Output columns: ``data_source``, ``prompt`` (one user
 message), ``ability`` ("math"), ``reward_model`` {"style": "rule", "ground_truth"}, ``extra_info`` {"index"
 (row number in its file), "split", "question", "answer", plus "source_id" (DAPO's uuid) or "solution"
-(DeepScaleR)}. Nothing is dropped unless asked (``--dedup``: the published DAPO-Math-17k file repeats each of its
-~17.9k problems about 100 times); the summary line says what happened.
+(DeepScaleR)}.
+
+Repeated prompts are dropped (first occurrence kept; ``--keep-duplicates`` keeps them): the published DAPO-Math-17k
+parquet repeats each of its ~17.9k problems about 100 times (~1.79M rows), which at batch 32 makes an epoch ~56k steps,
+so the length-aware sampler (which re-orders between epochs) and the cap never engage. Two rows are the same prompt
+when the problem text the model sees is the same; the summary line says how many rows were dropped, and how many of
+the dropped rows had a different ground truth from the kept one.
 """
 
 from __future__ import annotations
@@ -130,6 +135,19 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
+def drop_duplicate_prompts(converted: list[dict]) -> tuple[list[dict], int]:
+    """(rows whose problem text appears for the first time, how many dropped rows had another ground truth)."""
+    kept, first_truth, conflicts = [], {}, 0
+    for c in converted:
+        truth = first_truth.get(c["problem"])
+        if truth is None:
+            first_truth[c["problem"]] = c["ground_truth"]
+            kept.append(c)
+        elif truth != c["ground_truth"]:
+            conflicts += 1
+    return kept, conflicts
+
+
 def to_verl_rows(converted: list[dict], split: str) -> list[dict]:
     return [
         {
@@ -152,7 +170,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--test-output", type=Path, help="test parquet (required with --split-test)")
     parser.add_argument("--limit", type=int, metavar="N", help="use only the first N input rows")
     parser.add_argument("--seed", type=int, default=0, help="seed for the --split-test sample")
-    parser.add_argument("--dedup", action="store_true", help="drop repeated (problem, ground truth) pairs")
+    parser.add_argument(
+        "--keep-duplicates",
+        action="store_true",
+        help="keep rows whose prompt repeats an earlier row's (default: drop them; if kept, --split-test may hold "
+        "out copies of training prompts)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
     args = parser.parse_args(argv)
     if args.split_test < 0 or (args.limit is not None and args.limit < 1):
@@ -183,14 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     n_in = len(converted)
-    if args.dedup:
-        kept, seen = [], set()
-        for c in converted:
-            key = (c["problem"], c["ground_truth"])
-            if key not in seen:
-                seen.add(key)
-                kept.append(c)
-        converted = kept
+    conflicts = 0
+    if not args.keep_duplicates:
+        converted, conflicts = drop_duplicate_prompts(converted)
     if args.split_test >= len(converted):
         print(f"error: --split-test {args.split_test} leaves no training rows out of {len(converted)}", file=sys.stderr)
         return 1
@@ -207,8 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     if test:
         pd.DataFrame(to_verl_rows(test, "test")).to_parquet(args.test_output, index=False)
         summary += f" + {len(test)} -> {args.test_output}"
-    if args.dedup:
-        summary += f"; --dedup dropped {n_in - len(converted)}"
+    if args.keep_duplicates:
+        summary += "; duplicate prompts kept (--keep-duplicates)"
+    else:
+        summary += f"; dropped {n_in - len(converted)} rows repeating an earlier prompt"
+        if conflicts:
+            summary += f" ({conflicts} of them with a different ground truth: the first row's was kept)"
     print(summary)
     return 0
 

@@ -111,7 +111,7 @@ def test_gsm8k(tmp_path, suffix):
     out = tmp_path / "train.parquet"
     res = run("--dataset", "gsm8k", "--input", src, "--output", out)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == f"gsm8k: rows in 4, rows out 4 -> {out}"
+    assert res.stdout.strip() == f"gsm8k: rows in 4, rows out 4 -> {out}; dropped 0 rows repeating an earlier prompt"
     df = pd.read_parquet(out)
     check_verl_rows(df, "train")
     assert df["reward_model"].map(lambda r: r["ground_truth"]).tolist() == ["72", "10", "1500", "7"]
@@ -129,7 +129,7 @@ def test_dapo_parquet_rewraps_prompt_and_keeps_uuid(tmp_path):
     assert res.returncode == 0, res.stderr
     df = pd.read_parquet(out)
     check_verl_rows(df, "train")
-    assert len(df) == 6  # repeats are kept unless --dedup
+    assert len(df) == 3  # the repeats are dropped by default
     content = df.iloc[0]["prompt"][0]["content"]
     assert content.startswith(DAPO_PROBLEMS[0][0] + "\n\n")
     assert "Answer: $Answer" not in content and "Remember to put" not in content
@@ -138,26 +138,66 @@ def test_dapo_parquet_rewraps_prompt_and_keeps_uuid(tmp_path):
     assert df.iloc[1]["reward_model"]["ground_truth"] == "12"
 
 
-def test_dapo_dedup_is_explicit_and_reported(tmp_path):
+def test_dapo_duplicates_dropped_by_default_and_reported(tmp_path):
     src = write(tmp_path / "dapo.jsonl", DAPO)
     out = tmp_path / "train.parquet"
-    res = run("--dataset", "dapo-math-17k", "--input", src, "--output", out, "--dedup")
+    res = run("--dataset", "dapo-math-17k", "--input", src, "--output", out)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip().endswith("--dedup dropped 3")
+    assert res.stdout.strip() == (
+        f"dapo-math-17k: rows in 6, rows out 3 -> {out}; dropped 3 rows repeating an earlier prompt"
+    )
     df = pd.read_parquet(out)
     check_verl_rows(df, "train")
+    # The first occurrence of each prompt is the one kept.
     assert [e["source_id"] for e in df["extra_info"]] == [d["extra_info"]["index"] for d in DAPO[:3]]
 
 
+def test_keep_duplicates(tmp_path):
+    src = write(tmp_path / "dapo.jsonl", DAPO)
+    out = tmp_path / "train.parquet"
+    res = run("--dataset", "dapo-math-17k", "--input", src, "--output", out, "--keep-duplicates")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith("rows out 6 -> " + str(out) + "; duplicate prompts kept (--keep-duplicates)")
+    df = pd.read_parquet(out)
+    assert [e["source_id"] for e in df["extra_info"]] == [d["extra_info"]["index"] for d in DAPO]
+
+
+def test_duplicate_prompt_with_another_answer_keeps_the_first_and_says_so(tmp_path):
+    # Same problem text (the template and surrounding whitespace aside), a different ground truth.
+    other = dict(DAPO[1], reward_model={"ground_truth": "13", "style": "rule"})
+    other["prompt"] = [{"role": "user", "content": DAPO_PREFIX + "  " + DAPO_PROBLEMS[1][0] + DAPO_SUFFIX}]
+    src = write(tmp_path / "dapo.jsonl", [DAPO[0], DAPO[1], other, DAPO[4]])
+    out = tmp_path / "train.parquet"
+    res = run("--dataset", "dapo-math-17k", "--input", src, "--output", out)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith(
+        "dropped 2 rows repeating an earlier prompt (1 of them with a different ground truth: the first row's was kept)"
+    )
+    assert pd.read_parquet(out)["reward_model"].map(lambda r: r["ground_truth"]).tolist() == ["84", "12"]
+
+
+def test_held_out_rows_share_no_prompt_with_training(tmp_path):
+    src = write(tmp_path / "dapo.parquet", DAPO * 3)  # 18 rows, 3 prompts
+    train, test = tmp_path / "train.parquet", tmp_path / "test.parquet"
+    res = run("--dataset", "dapo-math-17k", "--input", src, "--output", train, "--split-test", 1, "--test-output", test)
+    assert res.returncode == 0, res.stderr
+    prompts = [set(pd.read_parquet(f)["extra_info"].map(lambda e: e["question"])) for f in (train, test)]
+    assert len(prompts[0]) == 2 and len(prompts[1]) == 1 and not prompts[0] & prompts[1]
+
+
 def test_deepscaler_json_with_test_split_and_limit(tmp_path):
-    src = write(tmp_path / "deepscaler.json", DEEPSCALER * 5)
+    variants = [dict(d, problem=f"{d['problem']} (variant {i})") for i in range(5) for d in DEEPSCALER]
+    src = write(tmp_path / "deepscaler.json", variants)
     train, test = tmp_path / "out" / "train.parquet", tmp_path / "out" / "test.parquet"
     res = run(
         "--dataset", "deepscaler", "--input", src, "--output", train,
         "--split-test", 3, "--test-output", test, "--limit", 8,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == f"deepscaler: rows in 8 (first 8 of 10), rows out 5 -> {train} + 3 -> {test}"
+    assert res.stdout.strip() == (
+        f"deepscaler: rows in 8 (first 8 of 10), rows out 5 -> {train} + 3 -> {test}; "
+        "dropped 0 rows repeating an earlier prompt"
+    )
     train_df, test_df = pd.read_parquet(train), pd.read_parquet(test)
     check_verl_rows(train_df, "train")
     check_verl_rows(test_df, "test")

@@ -1,5 +1,6 @@
 """Math reward: extraction formats, equivalent forms, wrong answers, hostile input, and both comparison paths."""
 
+import re
 import subprocess
 import sys
 import time
@@ -30,6 +31,27 @@ QWEN_BOXED = (
     "No: a_10 = 39.\n</think>\n\nThe common difference is $d = 4$, so $a_{10} = 3 + 9 \\cdot 4 = 39$.\n\n"
     "**Final Answer**\n\\[\n\\boxed{39}\n\\]"
 )
+# Qwen3 thinking on a DAPO problem, cut by the cap mid-sentence a few hundred tokens after a tentative box (the
+# drafts repeat as a long reasoning does).
+HERON_DRAFT = (
+    "Heron's formula: s = (13 + 14 + 15)/2 = 21, so the area is sqrt(21 * 8 * 7 * 6). 21 * 8 = 168, 7 * 6 = 42, "
+    "168 * 42 = 7056 and sqrt(7056) = 84. Hmm, let me double-check with coordinates: put B = (0, 0), C = (14, 0), "
+    "A = (x, y) with x^2 + y^2 = 169 and (x - 14)^2 + y^2 = 225, so -28x + 196 = 56, x = 5, y = 12.\n\n"
+)
+QWEN_CUT_IN_THINKING = (
+    "<think>\nOkay, so I need to find the area of triangle ABC with sides 13, 14 and 15. "
+    + HERON_DRAFT * 40
+    + "So tentatively the area is \\boxed{84}. But wait, the problem might intend the triangle to be obtuse, in "
+    "which case I should recheck which side is the base. Let me recompute the altitude from A: since y = 12 and the "
+    + "base BC = 14, the area is 14 * 12 / 2 = 84. Now, is there another configuration where A lies on the other "
+    "side, say x = -5? Then (x - 14)^2 = 361 and 361 + 144 = 505, which is not 225, so no. Let me also verify "
+    + HERON_DRAFT * 6
+    + "Alternatively, I could use the law of cosines to get cos B = (169 + 196 - 225) / (2 * 13 * 14) = 140 / 364, so"
+)
+QWEN_CLOSED = QWEN_CUT_IN_THINKING + " sin B = 12/13 and the area is 84.\n</think>\n\nThe area is $\\boxed{84}$."
+# Qwen3-*-Thinking-2507: the template writes "<think>\n" into the prompt; the response only closes it.
+QWEN_2507_CUT = QWEN_CUT_IN_THINKING.removeprefix("<think>\n")
+QWEN_2507_CLOSED = QWEN_CLOSED.removeprefix("<think>\n")
 GSM8K_STYLE = (
     "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
     "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
@@ -127,6 +149,72 @@ def test_fallback_handles_common_forms_without_math_verify(no_math_verify):
     assert score("\\boxed{-\\frac{1}{2}}", "-1/2") == 1.0
     # Symbolic equivalence needs math-verify; the fallback must not guess.
     assert score("\\boxed{3\\sqrt{2}}", "\\sqrt{18}") == 0.0
+
+
+def test_response_cut_inside_thinking_scores_as_no_answer():
+    assert len(QWEN_CUT_IN_THINKING) > 3 * math_reward.TAIL_CHARS  # ~3.5k tokens; the box lies in the scanned tail
+    assert extract_answer(QWEN_CUT_IN_THINKING) == "84"  # what the old behaviour scored
+    assert score(QWEN_CUT_IN_THINKING, "84") == 0.0
+    assert score(QWEN_CLOSED, "84") == 1.0
+    # A draft inside a closed thinking is still not the answer: only what follows </think> counts.
+    assert score(QWEN_CLOSED.replace("$\\boxed{84}$", "no idea"), "84") == 0.0
+
+
+def test_unclosed_think_search_restores_the_old_behaviour():
+    assert compute_score("math_dapo", QWEN_CUT_IN_THINKING, "84", None, unclosed_think="search") == 1.0
+    assert compute_score("math_dapo", QWEN_CUT_IN_THINKING, "85", None, unclosed_think="search") == 0.0
+
+
+def test_think_opened_by_the_template():
+    # Without the option a 2507-style response has no tag to go by: it is scored as a non-thinking response.
+    assert score(QWEN_2507_CUT, "84") == 1.0
+    assert compute_score("math_dapo", QWEN_2507_CUT, "84", None, think_in_prompt=True) == 0.0
+    assert compute_score("math_dapo", QWEN_2507_CLOSED, "84", None, think_in_prompt=True) == 1.0
+
+
+@pytest.mark.parametrize(
+    "text, in_prompt, unfinished",
+    [
+        ("<think>\nwork \\boxed{1}", False, True),
+        ("<think>a</think>\\boxed{1}", False, False),
+        ("<think>a</think> then <think>again", False, True),
+        ("no tags \\boxed{1}", False, False),
+        ("no tags \\boxed{1}", True, True),
+        ("a</think>\\boxed{1}", True, False),
+        (None, True, False),
+    ],
+)
+def test_thinking_unfinished(text, in_prompt, unfinished):
+    assert math_reward.thinking_unfinished(text, in_prompt) is unfinished
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"unclosed_think": "ignore"}, "reward_kwargs.unclosed_think='ignore': expected one of no_answer, search"),
+        ({"think_in_prompt": "yes"}, "reward_kwargs.think_in_prompt='yes': expected true or false"),
+    ],
+)
+def test_bad_option_is_an_error_naming_the_key(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(f"reward.custom_reward_function.{message}")):
+        compute_score("math", "\\boxed{1}", "1", None, **kwargs)
+
+
+def test_option_through_verls_reward_kwargs():
+    """The options reach compute_score the way verl 0.9.1 passes reward_kwargs from the config."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    def fn(**reward_kwargs):
+        fn_config = {"path": str(REPO / "reward" / "math_reward.py"), "name": "compute_score"}
+        if reward_kwargs:
+            fn_config["reward_kwargs"] = reward_kwargs
+        return get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": fn_config}}))
+
+    call = {"data_source": "math_dapo", "solution_str": QWEN_CUT_IN_THINKING, "ground_truth": "84", "extra_info": {}}
+    assert fn()(**call) == 0.0
+    assert fn(unclosed_think="search")(**call) == 1.0
+    assert fn(think_in_prompt=True)(**dict(call, solution_str=QWEN_2507_CUT)) == 0.0
 
 
 @pytest.mark.parametrize(

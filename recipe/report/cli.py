@@ -1,7 +1,8 @@
 """Command line: ``scripts/compare_runs.sh RUN_A RUN_B [--out DIR] [--names A,B]`` (or ``python -m recipe.report``).
 
-Prints the markdown table and writes it, with the PNG plots, to a directory of its own
-(default ``./compare_<A>_vs_<B>/``) so a report never writes into, or over, a run's data.
+Prints which config keys differ (warning about any outside the arms' own switches), then the markdown table, and
+writes both, with the PNG plots, to a directory of its own (default ``./compare_<A>_vs_<B>/``) so a report never
+writes into, or over, a run's data.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from recipe.report.load import RunLogsError, load_run
 from recipe.report.plots import write_plots
+from recipe.report.run_config import render_config_diff
 from recipe.report.summary import compare, render_markdown, render_sources
 
 RUN_HELP = "a run directory (searched recursively for verl file-logger *.jsonl and length traces) or one .jsonl file"
@@ -51,10 +53,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if a.name == b.name and args.names is None:
         a.name, b.name = f"{a.name}_A", f"{b.name}_B"
     out = args.out or Path(f"compare_{_safe(a.name)}_vs_{_safe(b.name)}")
+    config = render_config_diff(a.config, b.config, (a.name, b.name))
     table = render_markdown(compare(a, b), (a.name, b.name))
     sources = render_sources(runs)
     paths = write_plots(runs, out)
-    (out / "compare.md").write_text(f"# {b.name} vs {a.name}\n\n{table}\n## Sources\n\n{sources}")
+    report = f"# {b.name} vs {a.name}\n\n{config}\n## Metrics\n\n{table}\n## Sources\n\n{sources}"
+    (out / "compare.md").write_text(report)
+    print(config)
     print(table)
     print(sources)
     print(f"Wrote {out / 'compare.md'} and {', '.join(str(p) for p in paths.values())}")

@@ -1,4 +1,5 @@
-"""Finding and reading one run's logs: verl's file-logger JSONL and the recipe's length traces.
+"""Finding and reading one run's logs: verl's file-logger JSONL, the recipe's length traces and (``run_config``) the
+Hydra config of its launches.
 
 verl's ``file`` backend (``verl.utils.tracking.FileLogger``) writes one ``{"step": N, "data": {metric: value}}`` line
 per ``Tracking.log`` call to ``$VERL_FILE_LOGGER_PATH`` (else ``<root>/<project>/<experiment>.jsonl``), opening the
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from recipe.report.run_config import RunConfig, find_config
 from recipe.traces import is_trace_record, iter_jsonl, load_traces
 
 
@@ -117,7 +119,8 @@ def read_metrics(files: list[Path]) -> tuple[pd.DataFrame, list[str]]:
 
 @dataclass
 class Run:
-    """One run's merged metrics (index ``step``) and, when present, its length traces (one row per response)."""
+    """One run's merged metrics (index ``step``), when present its length traces (one row per response) and the
+    config of its last launch."""
 
     name: str
     path: Path
@@ -126,6 +129,7 @@ class Run:
     metric_files: list[Path] = field(default_factory=list)
     trace_files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    config: RunConfig | None = None
 
 
 def load_run(path: str | os.PathLike, name: str | None = None) -> Run:
@@ -148,6 +152,7 @@ def load_run(path: str | os.PathLike, name: str | None = None) -> Run:
             warnings.simplefilter("always")
             traces = load_traces(trace_files)
         notes += [str(w.message) for w in caught]
+    config, config_notes = find_config(path)
     return Run(
         name=name or (path.stem if path.is_file() else path.resolve().name),
         path=path,
@@ -155,5 +160,6 @@ def load_run(path: str | os.PathLike, name: str | None = None) -> Run:
         traces=traces,
         metric_files=metric_files,
         trace_files=trace_files,
-        notes=notes,
+        notes=notes + config_notes,
+        config=config,
     )

@@ -14,7 +14,17 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from recipe.report.load import Run
-from recipe.report.summary import GEN_TIME, RESPONSE_MAX, RESPONSE_MEAN, STEP_TIME, cap_per_step, series
+from recipe.report.summary import (
+    GEN_TIME,
+    RESPONSE_MAX,
+    RESPONSE_MEAN,
+    STEP_TIME,
+    cap_per_step,
+    series,
+    val_curve,
+    val_keys,
+    val_label,
+)
 
 HIST_BINS = 50
 
@@ -80,7 +90,37 @@ def plot_cap(runs: list[Run]) -> Figure:
     return fig
 
 
-PLOTS = {"time_per_step.png": plot_times, "response_length.png": plot_response_lengths, "cap.png": plot_cap}
+def plot_val_score(runs: list[Run]) -> Figure:
+    """Validation score (verl's ``val-core/<source>/<var>/mean@N``) over steps and over training time (the sum of
+    ``timing_s/step``): the second panel shows whether a speedup reached the same score sooner or cost accuracy."""
+    fig, (by_step, by_time) = _figure(2, 3.5)
+    keys = val_keys(runs)
+    for i, run in enumerate(runs):
+        for j, key in enumerate(keys):
+            curve = val_curve(run, key)
+            label = run.name if len(keys) == 1 else f"{run.name} {val_label(key)}"
+            style = dict(color=f"C{i}", linestyle=("-", "--", ":", "-.")[j % 4], marker=".", label=label)
+            by_step.plot(curve.index.to_numpy(), curve["score"].to_numpy(), **style)
+            timed = curve.dropna(subset=["time_s"])
+            by_time.plot(timed["time_s"].to_numpy() / 3600, timed["score"].to_numpy(), **style)
+    what = val_label(keys[0]) if len(keys) == 1 else "val-core/*/mean@N"
+    by_step.set_title(f"validation score over steps ({what})" if keys else "no validation score logged (val-core/*)")
+    by_step.set_xlabel("step")
+    by_time.set_title(f"validation score over training time (sum of {STEP_TIME}; validation and startup excluded)")
+    by_time.set_xlabel("training time [h]")
+    for ax in (by_step, by_time):
+        ax.set_ylabel("score")
+        if keys:
+            ax.legend()
+    return fig
+
+
+PLOTS = {
+    "time_per_step.png": plot_times,
+    "response_length.png": plot_response_lengths,
+    "cap.png": plot_cap,
+    "val_score.png": plot_val_score,
+}
 
 
 def write_plots(runs: list[Run], out_dir: str | os.PathLike) -> dict[str, Path]:

@@ -113,18 +113,54 @@ def summarize(run: Run) -> dict[str, float | None]:
     return {k: _clean(v) for k, v in out.items()}
 
 
+def val_keys(runs: list[Run]) -> list[str]:
+    """verl's core validation scores (``val-core/<source>/<var>/mean@N``) logged by any of the runs."""
+    return sorted({k for r in runs for k in r.metrics.columns if VAL_CORE.match(k)})
+
+
+def val_label(key: str) -> str:
+    m = VAL_CORE.match(key)
+    return f"{m['source']} {m['var']}/mean@{m['n']}"
+
+
+def cumulative_time(run: Run) -> pd.Series:
+    """Training time up to and including each logged step: the sum of ``timing_s/step`` (empty if never logged).
+
+    verl times validation (``timing_s/testing``), startup and a crashed launch's lost steps outside it, so this is
+    the training cost of reaching a step; validation at step s runs after step s, so its score is at cum[s].
+    """
+    cum = series(run, STEP_TIME).cumsum()
+    if cum.empty:
+        return cum
+    return cum.reindex(run.metrics.index, method="ffill").fillna(0.0)  # before the first step (val before train): 0
+
+
+def val_curve(run: Run, key: str) -> pd.DataFrame:
+    """One validation score by step with the training time spent to reach it (NaN when no step time is logged)."""
+    score = series(run, key)
+    time_s = cumulative_time(run).reindex(score.index)
+    return pd.DataFrame({"score": score, "time_s": time_s}, index=score.index)
+
+
+def _time_to(curve: pd.DataFrame, target: float) -> float | None:
+    reached = curve[curve["score"] >= target]
+    return None if reached.empty else _clean(reached["time_s"].iloc[0])
+
+
 def _val_rows(a: Run, b: Run) -> list[Row]:
-    keys = sorted({k for r in (a, b) for k in r.metrics.columns if VAL_CORE.match(k)})
     rows = []
-    for key in keys:
-        m = VAL_CORE.match(key)
-        name = f"val {m['source']} {m['var']}/mean@{m['n']}"
+    for key in val_keys([a, b]):
+        name = f"val {val_label(key)}"
         sa, sb = series(a, key), series(b, key)
         for stat, fa, fb in (
             ("last", sa.iloc[-1] if len(sa) else None, sb.iloc[-1] if len(sb) else None),
             ("best", sa.max(), sb.max()),
         ):
             rows.append(_row(f"{name} {stat}", _clean(fa), _clean(fb)))
+        if len(sa) and len(sb):  # time-to-score: the first validation at or above the score both runs reach
+            target = min(sa.max(), sb.max())
+            ta, tb = _time_to(val_curve(a, key), target), _time_to(val_curve(b, key), target)
+            rows.append(_row(f"{name} training time to reach {target:.4g} [s]", ta, tb))
     return rows
 
 
@@ -166,5 +202,6 @@ def render_sources(runs: list[Run]) -> str:
         lines.append(f"- {run.name}: `{run.path}`")
         lines += [f"  - metrics: `{f}`" for f in run.metric_files]
         lines += [f"  - traces: `{f}`" for f in run.trace_files] or ["  - traces: none"]
+        lines.append(f"  - config: `{run.config.file}`" if run.config else "  - config: none")
         lines += [f"  - note: {n}" for n in run.notes]
     return "\n".join(lines) + "\n"

@@ -6,6 +6,10 @@ tested against verl 0.9.1's real file-logger format, plus length traces written 
   file with "wb", so the trainer rotated the first segment to ``logs/metrics.1.jsonl`` before the resume. The second
   segment logs validation-before-train at step 3, then redoes step 4 with new values. Its traces are one append-only
   file with a partial line left by the crash and step 4 written twice.
+
+Each launch also leaves Hydra's ``hydra/<stamp>/.hydra/config.yaml`` (written as Hydra 1.3 writes it,
+``OmegaConf.to_yaml`` of the unresolved job config): the two runs differ only in the arms' switches and run paths,
+and the capped run's resume raised ``trainer.total_epochs`` from 2 to 3 (the baseline's).
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from omegaconf import OmegaConf
 
 from recipe.traces import LengthTraceWriter
 
@@ -36,6 +42,44 @@ TRACE_SAMPLES = [0, 1, 0, 1]
 TRACE_LENGTHS_SEG1 = {1: [100, 4096, 200, 300], 2: [3000, 120, 3000, 80], 3: [500, 600, 3000, 700], 4: [1, 1, 1, 1]}
 TRACE_LENGTHS_SEG2 = {4: [2500, 400, 410, 420], 5: [90, 95, 2500, 2500], 6: [1000, 2800, 1200, 1300]}
 TRACE_LENGTHS = {**TRACE_LENGTHS_SEG1, **TRACE_LENGTHS_SEG2}
+
+
+def launch_config(experiment: str, stamp: str, recipe: bool, total_epochs: int = 3) -> dict:
+    """A launch's composed config as scripts/train_grpo.sh sets it (a subset of the real one's keys), with the run
+    directory as on the cluster: the report must not depend on where the logs were copied to."""
+    run_dir = f"/ckpt/length_aware_grpo/{experiment}"
+    return {
+        "data": {
+            "train_files": "/data/dapo-math-17k.parquet",
+            "train_batch_size": 32,
+            "shuffle": False,
+            "seed": None,
+            "sampler": {"class_path": "pkg://recipe.adapter.sampler" if recipe else None, "bucket_size": 1024},
+        },
+        "actor_rollout_ref": {
+            "actor": {"optim": {"lr": 1.0e-6}, "megatron": {"tensor_model_parallel_size": 4}},
+            "ref": {"megatron": {"tensor_model_parallel_size":
+                                 "${oc.select:actor_rollout_ref.actor.megatron.tensor_model_parallel_size,1}"}},
+            "rollout": {"n": 16, "enforce_eager": not recipe, "max_num_seqs": 256},
+        },
+        "recipe": {"cap": {"enable": int(recipe), "mode": "seed", "factor": 2.0}, "over_sample": {"enable": 0}},
+        "trainer": {
+            "experiment_name": experiment,
+            "default_local_dir": run_dir,
+            "logger": ["console", "file"],
+            "total_epochs": total_epochs,
+        },
+        "ray_kwargs": {"ray_init": {"runtime_env": {"env_vars": {
+            "VERL_FILE_LOGGER_PATH": f"{run_dir}/logs/metrics.{stamp}.jsonl", "WANDB_DIR": run_dir}}}},
+    }
+
+
+def write_launch_config(run: Path, stamp: str, config: dict) -> Path:
+    """Where and how Hydra writes it with hydra.run.dir=<run>/hydra/<stamp>."""
+    path = run / "hydra" / stamp / ".hydra" / "config.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+    return path
 
 
 def baseline_metrics(step: int) -> dict:
@@ -124,8 +168,11 @@ def runs_dir(tmp_path_factory) -> Path:
             data["val-aux/openai/gsm8k/reward/std@4"] = 0.01
         records.append((step, data))
     write_verl_log(base / "logs" / "metrics.jsonl", records)
+    write_launch_config(base, "20250101T000000Z", launch_config("baseline", "20250101T000000Z", recipe=False))
 
     capped = root / "capped"
+    for stamp, epochs in (("20250101T000000Z", 2), ("20250101T060000Z", 3)):
+        write_launch_config(capped, stamp, launch_config("capped", stamp, recipe=True, total_epochs=epochs))
     log = capped / "logs" / "metrics.jsonl"
     write_verl_log(log, capped_segment(0, CAP_GEN_SEG1, CAP_VAL_SEG1))
     traces = capped / "length_traces.jsonl"
@@ -153,5 +200,6 @@ def inputs() -> SimpleNamespace:
     """The fixture's inputs and ``write_verl_log`` for tests (with importlib imports a conftest is not importable)."""
     return SimpleNamespace(
         VAL=VAL, BASE_GEN=BASE_GEN, BASE_VAL=BASE_VAL, CAP=CAP, CAP_GEN=CAP_GEN, CAP_VAL_SEG2=CAP_VAL_SEG2,
-        TRACE_LENGTHS=TRACE_LENGTHS, write_verl_log=write_verl_log,
+        TRACE_LENGTHS=TRACE_LENGTHS, write_verl_log=write_verl_log, launch_config=launch_config,
+        write_launch_config=write_launch_config,
     )

@@ -13,15 +13,18 @@ import numpy as np
 import pytest
 from recipe.report import (
     compare,
+    cumulative_time,
     load_run,
     main,
     plot_cap,
     plot_response_lengths,
     plot_times,
+    plot_val_score,
     read_metrics,
     render_markdown,
     summarize,
     truncation,
+    val_curve,
     write_plots,
 )
 
@@ -124,6 +127,8 @@ def test_markdown_table(runs_dir):
     assert t["truncated fraction (cap+length; from clip_ratio / traces)"] == ["0.125", "0.3333", "2.667"]
     assert t["val openai/gsm8k reward/mean@4 last"] == ["0.35", "0.45", f"{0.45 / 0.35:.3f}"]
     assert t["val openai/gsm8k reward/mean@4 best"] == ["0.35", "0.45", f"{0.45 / 0.35:.3f}"]
+    # Time-to-score: the first validation at or above 0.35 (the lower best) comes after steps 1-6 (A), 1-3 (B).
+    assert t["val openai/gsm8k reward/mean@4 training time to reach 0.35 [s]"] == ["208", "112", f"{112 / 208:.3f}"]
     assert not any(label.startswith("val-aux") or "std@" in label for label in t)
 
 
@@ -155,9 +160,37 @@ def test_plots_draw_the_logged_data(runs_dir, tmp_path, inputs):
     assert np.allclose(frac_b * 24, np.histogram(all_b, bins=edges_b)[0])
 
     paths = write_plots([base, capped], tmp_path / "out")
-    assert sorted(paths) == ["cap.png", "response_length.png", "time_per_step.png"]
+    assert sorted(paths) == ["cap.png", "response_length.png", "time_per_step.png", "val_score.png"]
     for p in paths.values():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_training_time_to_each_validation(runs_dir, inputs):
+    base, capped = load_run(runs_dir / "baseline"), load_run(runs_dir / "capped")
+    step_a = {s: g + 20.0 for s, g in inputs.BASE_GEN.items()}
+    assert cumulative_time(base).to_dict() == {0: 0.0, **{s: sum(step_a[k] for k in step_a if k <= s) for s in step_a}}
+    # The capped run's lost first try of step 4 (gen 99 s) is not counted: the merged log keeps the redone step.
+    step_b = {s: g + 15.0 for s, g in inputs.CAP_GEN.items()}
+    assert val_curve(capped, inputs.VAL).to_dict("index") == {
+        0: {"score": 0.21, "time_s": 0.0},
+        3: {"score": inputs.CAP_VAL_SEG2[3], "time_s": step_b[1] + step_b[2] + step_b[3]},
+        6: {"score": inputs.CAP_VAL_SEG2[6], "time_s": sum(step_b.values())},
+    }
+
+
+def test_val_score_plot_over_steps_and_training_time(runs_dir, inputs):
+    base, capped = load_run(runs_dir / "baseline"), load_run(runs_dir / "capped")
+    by_step, by_time = plot_val_score([base, capped]).axes
+    assert [line.get_label() for line in by_step.lines] == ["baseline", "capped"]
+    assert by_step.lines[0].get_xydata().tolist() == [[s, v] for s, v in inputs.BASE_VAL.items()]
+    assert by_time.lines[0].get_xdata() == pytest.approx([0.0, 93 / 3600, 208 / 3600])  # hours
+    assert by_time.lines[1].get_xdata() == pytest.approx([0.0, 112 / 3600, 184 / 3600])
+    assert by_time.lines[1].get_ydata().tolist() == [0.21, 0.41, 0.45]
+    assert by_time.get_xlabel() == "training time [h]"
+    # A run without timing_s/step has no time axis to draw, rather than one at zero.
+    base.metrics = base.metrics.drop(columns="timing_s/step")
+    by_step, by_time = plot_val_score([base, capped]).axes
+    assert len(by_step.lines[0].get_xdata()) == 3 and len(by_time.lines[0].get_xdata()) == 0
 
 
 def _script(*args, cwd):
@@ -171,8 +204,13 @@ def test_script_end_to_end(runs_dir, tmp_path):
     assert t["gen time/step mean [s]"][:2] == ["14.67", "15.67"]
     # Pointing at the logs folder alone: no traces, so truncation comes from the metrics.
     assert t["truncated fraction (cap+length; from clip_ratio / clip_ratio+cap_hit_ratio)"][:2] == ["0.125", "0.3333"]
+    # The logs folder holds no Hydra config: the config comparison says so instead of failing.
+    assert out.stdout.startswith("## Config: cap vs base\n\nNot compared: no Hydra config")
+    assert "under cap; pass the run directory itself" in out.stdout
     report = tmp_path / "compare_base_vs_cap"  # default output: a new folder in the caller's directory
-    assert {p.name for p in report.iterdir()} == {"compare.md", "time_per_step.png", "response_length.png", "cap.png"}
+    assert {p.name for p in report.iterdir()} == {
+        "compare.md", "time_per_step.png", "response_length.png", "cap.png", "val_score.png"
+    }
     assert "| gen time/step mean [s] | 14.67 | 15.67 |" in (report / "compare.md").read_text()
 
 
