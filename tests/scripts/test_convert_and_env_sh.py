@@ -133,8 +133,11 @@ def test_gpu_machine_creates_venv_gpu_once(python_env):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"{root}/.venv-gpu/bin/python"
     assert log == [f"venv-python -m pip install --disable-pip-version-check -q -r {root}/requirements/gpu.txt",
+                   "venv-python -m pip install --disable-pip-version-check -q --no-deps "
+                   f"-r {root}/requirements/gpu-no-deps.txt",
                    f"venv-python -m pip install --disable-pip-version-check -q -e {root} "
-                   "--config-settings editable_mode=compat"]
+                   "--config-settings editable_mode=compat",
+                   "venv-python -m recipe.stack_versions --target gpu"]
     assert (root / ".venv-gpu" / ".recipe-gpu-ready").exists()
     r, log2 = python_env(gpus=0)  # once ready it is used, GPU or not, without reinstalling
     assert r.stdout.strip() == f"{root}/.venv-gpu/bin/python" and log2 == log
