@@ -31,6 +31,7 @@ ENV_OF_KEY = {
     "data.sampler.statistic": "SAMPLER_STATISTIC",
     "data.train_batch_size": "TRAIN_BATCH_SIZE",
     "data.gen_batch_size": "GEN_BATCH_SIZE",
+    "recipe.sampling_seed": "ROLLOUT_SAMPLING_SEED",
 }
 
 
@@ -159,6 +160,7 @@ class RecipeSettings:
     traces: TraceSettings
     response_length: int
     poll_interval_s: float  # verl's replay buffer: how often it polls TransferQueue for finished groups
+    sampling_seed: int | None  # per-response vLLM seeds from (seed, epoch, row, sample); None: the engine's RNG
     batch_size: int  # prompts per dataloader fetch: data.gen_batch_size or data.train_batch_size
     train_batch_size: int
 
@@ -277,6 +279,8 @@ def parse_settings(cfg: Mapping) -> RecipeSettings:
         response_length=response_length,
         poll_interval_s=as_float(select(cfg, "recipe.replay_buffer.poll_interval_s", 0.2),
                                  "recipe.replay_buffer.poll_interval_s", low=0, low_open=True, high=10),
+        sampling_seed=(None if select(cfg, "recipe.sampling_seed") is None
+                       else as_int(select(cfg, "recipe.sampling_seed"), "recipe.sampling_seed", minimum=0)),
         batch_size=batch_size,
         train_batch_size=train_bs,
     )

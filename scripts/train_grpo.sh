@@ -73,7 +73,13 @@ plan="$(mktemp)"
 report="$(mktemp)"
 trap 'rm -f "$plan" "$report"' EXIT
 status=0
-logged "$report" "$PY" -m recipe.preflight --plan-out "$plan" -- "$@" || status=$?
+# What the chosen Python must hold: the whole GPU stack for a real launch, verl 0.9.1 alone for a check or a CPU run.
+stack_target=cpu
+if [[ "${DRY_RUN:-0}" != "1" && "${PRESET:-}" != "cpu" ]] && { (( gpus > 0 )) || [[ -n "${RAY_ADDRESS:-}" ]]; }; then
+    stack_target=gpu
+fi
+logged "$report" env RECIPE_STACK_TARGET="$stack_target" "$PY" -m recipe.preflight --plan-out "$plan" -- "$@" \
+    || status=$?
 if (( status != 0 )); then
     (( gpus > 0 )) || [[ -n "${RAY_ADDRESS:-}" ]] || echo "train_grpo.sh: (and no GPU is visible here)" >&2
     die "$status" "preflight failed; fix the problems above (nothing was launched)"

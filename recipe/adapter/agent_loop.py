@@ -1,8 +1,9 @@
-"""verl's ``SingleTurnAgentLoop`` with the per-row response cap and partial-rollout resumption.
+"""verl's ``SingleTurnAgentLoop`` with the per-row response cap, per-response seeds and partial-rollout resumption.
 
 Registered through ``configs/agent_loops.yaml`` (``actor_rollout_ref.rollout.agent.agent_loop_config_path``) and
 made the default agent loop. Both inputs arrive as keyword arguments (row fields the trainer adds on the driver):
-``response_max_tokens_cap`` becomes vLLM ``max_tokens``; ``partial_rollout`` (over-sample ``continue`` mode) makes
+``response_max_tokens_cap`` becomes vLLM ``max_tokens``; ``sampling_seed`` (with ``recipe.sampling_seed``) becomes
+the response's vLLM ``seed`` (with the sample index mixed in); ``partial_rollout`` (over-sample ``continue`` mode) makes
 the run resume a response aborted in an earlier step. Validation rows carry neither, so validation is never capped
 or resumed.
 """
@@ -12,27 +13,31 @@ from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from .fields import CAP, PARTIAL
+from ..core.seeds import response_seed
+from .fields import CAP, PARTIAL, SEED
 from .partial import ContinueFrom, PartialRef, fetch_partial
 
 AGENT_LOOP_NAME = "length_capped_single_turn"
 
 
-def row_cap(value: Any) -> int:
-    """The cap a row carries (tensor, numpy or int), 0 when absent."""
+def row_int(value: Any, absent: int = 0) -> int:
+    """An integer row field (tensor, numpy or int) as verl hands it to ``run``; ``absent`` when missing."""
     if value is None:
-        return 0
+        return absent
     return int(value.item() if hasattr(value, "item") else value)
 
 
 class CappedSingleTurnAgentLoop(SingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> Any:
-        cap = row_cap(kwargs.get(CAP))
+        cap = row_int(kwargs.get(CAP))
         limit = self.response_length
+        # verl shares one sampling_params dict between the n responses of a prompt: never mutate it.
         if 0 < cap < self.response_length:
-            # verl shares one sampling_params dict between the n responses of a prompt: never mutate it.
             sampling_params = {**sampling_params, "max_tokens": cap}
             limit = cap
+        seed = row_int(kwargs.get(SEED), absent=-1)
+        if seed >= 0:
+            sampling_params = {**sampling_params, "seed": response_seed(seed, int(kwargs["session_id"]))}
         ref = PartialRef.from_field(kwargs.get(PARTIAL))
         if ref is None:
             return await super().run(sampling_params, **kwargs)

@@ -15,12 +15,3 @@ def column_to_numpy(value: Any, dtype=None) -> np.ndarray:
     if hasattr(value, "tolist"):
         value = value.tolist()
     return np.asarray([v.item() if hasattr(v, "item") else v for v in value], dtype=dtype)
-
-
-def row_sums(mask: Any) -> np.ndarray:
-    """Per-row sum of a (possibly nested/jagged) 2-D mask: ``response_mask.sum(-1)``."""
-    if isinstance(mask, torch.Tensor):
-        if mask.is_nested:
-            return np.asarray([int(t.sum()) for t in mask.unbind()], dtype=np.int64)
-        return mask.sum(-1).cpu().numpy().astype(np.int64)
-    return np.asarray([int(np.sum(m)) for m in mask], dtype=np.int64)

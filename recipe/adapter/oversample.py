@@ -6,9 +6,10 @@ Per step (``LengthAwareTrainer`` calls these from verl's hooks):
   are complete with all n responses.
 * ``settle`` (from ``on_sample_end``, before the replicas sleep, as verl's colocate-async trainer does): abort every
   request on every replica (``abort_replicas(reject_request=True)`` so late submissions fail fast instead of parking
-  until the next resume), wait until the leftover groups are terminal in TransferQueue, read their partial lengths
-  (censored observations for the estimates), drop them from TransferQueue and re-queue their prompts into the
-  epoch. ``resume`` (from ``on_step_end``, after the weight update) re-opens generation.
+  until the next resume), wait until the leftover groups are terminal in TransferQueue, count what vLLM still holds
+  (``engine_unfinished_after_settle``, 0 after a clean abort), read their partial lengths
+  (censored observations for the estimates, and ``abort`` entries of the step's length trace), drop them from
+  TransferQueue and re-queue their prompts into the epoch. ``resume`` (from ``on_step_end``, after the weight update) re-opens generation.
 * ``continue`` mode: an aborted group's trajectories stay in TransferQueue and its row carries a ``PartialRef`` the
   next time it is launched (``partial_for``); its agent loops resume each response (recipe/adapter/partial.py).
   The old trajectories are cleared once the resumed launch has settled. Partial responses are driver memory only:
@@ -27,8 +28,9 @@ import numpy as np
 import transfer_queue as tq
 
 from ..core.oversample import OverSampleController, StepOutcome, requeue_aborted
-from .columns import column_to_numpy, row_sums
-from .fields import CAP, ROW_ID
+from ..core.step_stats import StepResponses
+from .columns import column_to_numpy
+from .fields import CAP, PREDICTION, ROW_ID
 from .partial import PartialRef
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,8 @@ class OverSampleDriver:
         self.pending: Launch | None = None
         self.partials: dict[int, PartialRef] = {}  # row -> where its partial responses wait (continue mode)
         self.last_metrics: dict[str, float] = {}
+        self.last_aborted: StepResponses | None = None  # the last settle's aborted responses (for the traces)
+        self.last_partial_tokens: dict[tuple[str, int], tuple[list[int], list[int]]] = {}  # (uid, session) -> ids
 
     def partial_for(self, rows) -> list[str]:
         """Row field values for a batch being launched: the rows' partial-response descriptors ("" = none)."""
@@ -68,6 +72,11 @@ class OverSampleDriver:
 
     def launch(self, trainer) -> int:
         sampler = trainer.length_sampler
+        if trainer.train_dataloader_it is None:
+            # After a checkpoint load torchdata applies the sampler state only when the dataloader is iterated:
+            # create verl's iterator now (verl's _fetch_one_gen_batch reuses it) so the launch is sized on the
+            # restored epoch, not on a fresh one.
+            trainer.train_dataloader_it = iter(trainer.train_dataloader)
         count = self.controller.launch_count(sampler.plan.num_remaining())
         batch = trainer._next_train_batch(count)
         uids = [str(u) for u in batch["uid"]]
@@ -86,6 +95,7 @@ class OverSampleDriver:
     def settle(self, trainer) -> dict[str, float]:
         """Abort the groups that lost the race, record them, clear them and re-queue their prompts."""
         launch, self.pending = self.pending, None
+        self.last_aborted, self.last_partial_tokens = None, {}
         if launch is None:
             return {}
         t_target = time.time()
@@ -103,6 +113,10 @@ class OverSampleDriver:
                 time.sleep(self.poll_s)
                 leftover.update(self._leftover(launch))
         idle_s = time.time() - t_target
+        unfinished = engine_unfinished_requests(trainer.checkpoint_manager) if leftover else 0
+        if unfinished:
+            logger.warning("over-sample: %d requests still unfinished on the rollout replicas after the abort settled",
+                           unfinished)
         aborted_tokens, kept_tokens = self._observe_and_clear(trainer, launch, set(leftover)) if leftover else (0, 0)
         self._clear_resumed_sources(launch)
         kept = np.array([u not in leftover for u in launch.uids])
@@ -111,10 +125,11 @@ class OverSampleDriver:
                         [r in self.partials for r in outcome.requeued.tolist()])
         self.controller.record(launch.epoch, outcome)
         if self.events_path and leftover:
-            self._write_events(launch, leftover, t_target)
+            self._write_events(trainer, launch, leftover, t_target)
         self.last_metrics = {
             **outcome.metrics(),
             "rollout/over_sample/target_to_idle_s": idle_s,
+            "rollout/over_sample/engine_unfinished_after_settle": float(unfinished),
             "rollout/over_sample/resumed_groups": float(len(launch.extra["resumed"])),
             "rollout/over_sample/kept_partial_tokens": float(kept_tokens),
             "rollout/over_sample/discarded_tokens": float(aborted_tokens - kept_tokens),
@@ -130,11 +145,21 @@ class OverSampleDriver:
         tokens = kept_tokens = 0
         keep_uids: set[str] = set()
         if traj:
-            data = tq.kv_batch_get(keys=traj, partition_id=launch.partition_id,
-                                   select_fields=[ROW_ID, "response_mask", "responses"])
+            fields = [ROW_ID, "responses", CAP, PREDICTION] + (["prompts"] if self.events_path else [])
+            data = tq.kv_batch_get(keys=traj, partition_id=launch.partition_id, select_fields=fields)
+            if self.events_path:
+                seqs = lambda v: v.unbind() if getattr(v, "is_nested", False) else list(v)  # noqa: E731
+                self.last_partial_tokens = {
+                    (k.rsplit("_", 2)[0], int(k.rsplit("_", 2)[1])): (r.tolist(), p.tolist())
+                    for k, r, p in zip(traj, seqs(data["responses"]), seqs(data["prompts"]))}
             rows = column_to_numpy(data[ROW_ID], dtype=np.int64)
-            lengths = row_sums(data["response_mask"])
+            # token counts, not response_mask sums (mask_stale_tokens zeroes a resumed response's older tokens)
+            lengths = np.array([int(items[k]["response_len"]) for k in traj], dtype=np.int64)
             tokens = int(lengths.sum())
+            self.last_aborted = StepResponses(
+                rows=rows, lengths=lengths, caps=column_to_numpy(data[CAP], dtype=np.int64),
+                predicted=column_to_numpy(data[PREDICTION], dtype=np.float64), response_length=self.response_length,
+                aborted=np.ones(len(rows), bool), sample_index=[int(k.rsplit("_", 2)[1]) for k in traj])
             # partial lengths are lower bounds: they may raise an estimate, never lower it
             trainer.length_sampler.update(rows, lengths, censored=np.ones(len(rows), bool))
             if self.controller.requeue == "continue":
@@ -178,14 +203,26 @@ class OverSampleDriver:
         if keys:
             tq.kv_clear(keys=keys, partition_id=launch.partition_id)
 
-    def _write_events(self, launch: Launch, leftover: dict[str, str], t_abort: float) -> None:
-        os.makedirs(os.path.dirname(self.events_path) or ".", exist_ok=True)
+    def _write_events(self, trainer, launch: Launch, leftover: dict[str, str], t_abort: float) -> None:
+        """One JSON line per aborted group: when it was launched and aborted, whether its partial responses wait for
+        a resume, and each session's partial response (token count and text) as the abort left it."""
         row_of = dict(zip(launch.uids, launch.rows.tolist()))
+        by_uid: dict[str, list] = {}
+        prompts: dict[str, str] = {}
+        for (uid, session), (tokens, prompt) in self.last_partial_tokens.items():
+            by_uid.setdefault(uid, []).append({"session": session, "tokens": len(tokens),
+                                               "text": trainer.tokenizer.decode(tokens, skip_special_tokens=True)})
+            prompts[uid] = trainer.tokenizer.decode(prompt, skip_special_tokens=True)
+        os.makedirs(os.path.dirname(self.events_path) or ".", exist_ok=True)
         with open(self.events_path, "a") as f:
             for uid in sorted(leftover):
-                f.write(json.dumps({"uid": uid, "dataset_item_idx": row_of[uid], "epoch": launch.epoch,
-                                    "launched_at": launch.time, "aborted_at": t_abort,
-                                    "duration_s": t_abort - launch.time}) + "\n")
+                row = row_of[uid]
+                f.write(json.dumps({
+                    "uid": uid, "dataset_item_idx": row, "epoch": launch.epoch, "step": int(trainer.global_steps),
+                    "launched_at": launch.time, "aborted_at": t_abort, "duration_s": t_abort - launch.time,
+                    "resumes_next": row in self.partials and self.partials[row].key_prefix == uid,
+                    "prompt": prompts.get(uid), "sessions": sorted(by_uid.get(uid, []), key=lambda e: e["session"]),
+                }) + "\n")
 
     def resume(self, trainer) -> None:
         if self.last_metrics.get("rollout/over_sample/aborted_groups", 0) > 0:
@@ -196,3 +233,20 @@ class OverSampleDriver:
 
     def load_state_dict(self, state: dict) -> None:
         self.controller.load_state_dict(state)
+
+
+def _engine_request_count(server) -> int:
+    """Requests vLLM's frontend still tracks on this server (runs inside verl's vLLMHttpServer actor; verl reads
+    the same ``output_processor.request_states`` when it aborts). Only node rank 0 of a replica owns the engine."""
+    engine = getattr(server, "engine", None)
+    return len(engine.output_processor.request_states) if engine is not None else 0
+
+
+def engine_unfinished_requests(checkpoint_manager) -> int:
+    """Requests left on all rollout replicas; 0 after a clean abort. (0 too where the manager has no replicas.)"""
+    import ray
+
+    servers = [r.servers[0] for r in getattr(checkpoint_manager, "replicas", None) or [] if getattr(r, "servers", None)]
+    if not servers:
+        return 0
+    return int(sum(ray.get([s.__ray_call__.remote(_engine_request_count) for s in servers])))

@@ -7,6 +7,7 @@ trainer registry for the duration of ``run``. Everything else is verl's ``run`` 
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import ray
@@ -34,11 +35,21 @@ class LengthAwareTaskRunner(TaskRunnerV1.__ray_actor_class__):
                 f"trainer.v1.trainer_mode={config.trainer.v1.trainer_mode!r}: the length-aware recipe runs on the "
                 "sync v1 trainer; set trainer.v1.trainer_mode=sync"
             )
+        make_file_logger_dir()
         try:
             with sync_trainer_is(LengthAwareTrainer):
                 return super().run(config)
         finally:
             _teardown_wandb()
+
+
+def make_file_logger_dir() -> None:
+    """Create the directory of ``VERL_FILE_LOGGER_PATH`` where this actor runs: verl's file logger opens that path
+    with "wb" and creates no directory (``verl/utils/tracking.py:534-541``), and the launcher creates the run's
+    ``logs/`` only on its own node, so a TaskRunner placed on another node would fail at its first log line."""
+    path = os.environ.get("VERL_FILE_LOGGER_PATH")
+    if path and os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
 
 
 def _teardown_wandb() -> None:

@@ -31,11 +31,12 @@ from verl.utils.dataset.rl_dataset import collate_fn
 
 from ..core.cap import make_cap_policy
 from ..core.oversample import OverSampleController
+from ..core.seeds import row_seeds
 from ..core.step_stats import StepResponses, group_tails, step_metrics
 from ..settings import parse_settings
 from ..traces import LengthTraceWriter
-from .columns import column_to_numpy, row_sums
-from .fields import CAP, PARTIAL, PREDICTION, ROW_ID
+from .columns import column_to_numpy
+from .fields import CAP, PARTIAL, PREDICTION, ROW_ID, SEED
 from .oversample import OverSampleDriver
 from .progress import progress_line
 from .sampler import LengthAwareEpochSampler
@@ -136,9 +137,17 @@ class LengthAwareTrainer(PPOTrainerSync):
         pred, cap = self.batch_prediction_and_cap(rows)
         batch[PREDICTION] = torch.as_tensor(pred, dtype=torch.float32)
         batch[CAP] = torch.full((len(rows),), cap, dtype=torch.int64)
+        if self.settings.sampling_seed is not None:
+            batch[SEED] = torch.as_tensor(row_seeds(self.settings.sampling_seed, self._fetch_epoch(), rows))
         if self.over_sample is not None and self.over_sample.controller.requeue == "continue":
             tu.assign_non_tensor_stack(batch, PARTIAL, self.over_sample.partial_for(rows))
         return batch
+
+    def _fetch_epoch(self) -> int:
+        """The epoch the rows just fetched belong to."""
+        if self.length_sampler is not None:
+            return self.length_sampler.plan.epoch
+        return (self.global_steps - 1) // max(self.steps_per_epoch, 1)
 
     # -- over-sampling ----------------------------------------------------------------------------------------------
     def prepare_step(self) -> dict:
@@ -167,24 +176,31 @@ class LengthAwareTrainer(PPOTrainerSync):
         return batch
 
     def observe_batch(self, batch, gen_time_s: float) -> dict:
-        """Read the step's trained responses back from TransferQueue (padding rows skipped) and observe them."""
-        keys = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
-        if not keys:
+        """Read the step's trained responses back from TransferQueue (padding rows skipped) and observe them.
+
+        A response's length is its token count (``response_len``, the tag verl's AgentLoopWorkerTQ writes), not the
+        sum of its ``response_mask``: ``mask_stale_tokens`` zeroes the mask of a resumed response's older tokens,
+        which would record it short and uncensored."""
+        real = [(k, tag) for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+        if not real:
             return {}
-        data = tq.kv_batch_get(
-            keys=keys, partition_id=batch.partition_id, select_fields=[ROW_ID, "response_mask", CAP, PREDICTION]
-        )
+        keys = [k for k, _ in real]
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=[ROW_ID, CAP, PREDICTION])
         resp = StepResponses(
             rows=column_to_numpy(data[ROW_ID], dtype=np.int64),
-            lengths=row_sums(data["response_mask"]),
+            lengths=np.array([int(tag["response_len"]) for _, tag in real], dtype=np.int64),
             caps=column_to_numpy(data[CAP], dtype=np.int64),
             predicted=column_to_numpy(data[PREDICTION], dtype=np.float64),
             response_length=self.settings.response_length,
+            sample_index=[int(k.rsplit("_", 2)[1]) for k in keys],  # keys are {uid}_{session}_{turn}
         )
-        return self.observe(resp, gen_time_s=gen_time_s)
+        aborted = self.over_sample.last_aborted if self.over_sample is not None else None
+        return self.observe(resp, gen_time_s=gen_time_s, aborted=aborted)
 
-    def observe(self, resp: StepResponses, gen_time_s: float) -> dict:
-        """Update estimates and cap calibration from one step's responses; return the step's recipe metrics."""
+    def observe(self, resp: StepResponses, gen_time_s: float, aborted: StepResponses | None = None) -> dict:
+        """Update estimates and cap calibration from one step's trained responses; return the step's recipe metrics.
+        ``aborted`` (the over-sampler's aborted partial responses, already folded into the estimates as censored
+        observations) only joins the step's length trace, as ``abort`` entries."""
         obs = None
         epoch = (self.global_steps - 1) // max(self.steps_per_epoch, 1)
         if self.length_sampler is not None:
@@ -202,18 +218,25 @@ class LengthAwareTrainer(PPOTrainerSync):
         if self.length_sampler is not None:
             m["sampler/seen_ratio"] = self.length_sampler.estimates.seen_ratio()
         if self.trace_writer is not None:
-            self.trace_writer.append(
-                epoch=int(epoch),
-                step=int(self.global_steps),
-                cap=int(resp.caps.max()) or None,
-                response_length=self.settings.response_length,
-                gen_time_s=gen_time_s,
-                rows=resp.rows.tolist(),
-                sample_index=_sample_index(resp.rows),
-                lengths=resp.lengths.astype(int).tolist(),
-                predicted=[None if not np.isfinite(p) else float(p) for p in resp.predicted],
-            )
+            self._append_trace(int(epoch), resp, aborted, gen_time_s)
         return m
+
+    def _append_trace(self, epoch: int, resp: StepResponses, aborted: StepResponses | None, gen_time_s: float):
+        parts = [resp] + ([aborted] if aborted is not None and len(aborted.rows) else [])
+        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
+        samples = [p.sample_index if p.sample_index is not None else _sample_index(p.rows) for p in parts]
+        self.trace_writer.append(
+            epoch=epoch,
+            step=int(self.global_steps),
+            cap=int(resp.caps.max()) or None,
+            response_length=self.settings.response_length,
+            gen_time_s=gen_time_s,
+            rows=cat("rows").tolist(),
+            sample_index=np.concatenate(samples).tolist(),
+            lengths=cat("lengths").astype(int).tolist(),
+            predicted=[None if not np.isfinite(p) else float(p) for p in cat("predicted")],
+            aborted=[False] * len(resp.rows) + [True] * (len(parts[1].rows) if len(parts) > 1 else 0),
+        )
 
 
 def stop_token_ids(tokenizer) -> set[int]:

@@ -21,6 +21,7 @@ class StepResponses:
     predicted: np.ndarray  # row estimate at batch formation, NaN = none
     response_length: int  # configured rollout.response_length
     aborted: np.ndarray | None = None  # bool per response (over-sample aborts)
+    sample_index: np.ndarray | None = None  # 0..n-1 within the row's group (verl's session id)
 
     def __post_init__(self):
         self.rows = np.asarray(self.rows, dtype=np.int64).reshape(-1)
@@ -32,6 +33,11 @@ class StepResponses:
             raise ValueError("rows, lengths, caps and predicted must have one entry per response")
         if self.aborted is not None:
             self.aborted = np.asarray(self.aborted, dtype=bool).reshape(-1)
+        if self.sample_index is not None:
+            self.sample_index = np.asarray(self.sample_index, dtype=np.int64).reshape(-1)
+        for name in ("aborted", "sample_index"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
+                raise ValueError(f"{name} must have one entry per response")
 
     def cap_hit(self) -> np.ndarray:
         return (self.caps > 0) & (self.lengths >= self.caps)

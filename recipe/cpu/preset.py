@@ -6,7 +6,7 @@ replica that verl starts itself (``configs/length_aware_grpo_cpu.yaml``), with t
 and (with ``OVER_SAMPLE_ENABLE=1``) over-sampling, exactly the recipe code of the GPU cluster. Its reward is a smoke
 task (``reward/smoke_reward.py``: digit density), not math: a random model cannot learn arithmetic in minutes.
 
-Sizing: 64 prompts, batch 8 x 4 responses of at most 32 tokens, 4 epochs of 8 steps (32 steps). A random model
+Sizing: 64 prompts, batch 8 x 4 responses of at most 32 tokens, 3 epochs of 8 steps (24 steps). A random model
 rarely emits its stop token, so nearly every response runs to the length limit; the cap's factor is 0.5 so that
 from epoch 1 on it visibly halves the responses (``rollout/response_max_tokens_cap`` 16). What a CPU run proves and
 what it cannot is listed in ``docs/cpu-run.md``.
@@ -50,13 +50,14 @@ CPU_VALUES = {
     "ACTOR_PPO_MINI_BATCH_SIZE": "8",
     "MAX_PROMPT_LENGTH": "96",
     "MAX_RESPONSE_LENGTH": "32",
-    "TOTAL_EPOCHS": "4",
+    "TOTAL_EPOCHS": "3",
     "ACTOR_LR": "5e-3",  # a tiny model and a dense reward: visible progress within a few dozen steps
     "TRAINER_TEST_FREQ": "8",
     "TRAINER_VAL_BEFORE_TRAIN": "1",
     "TRAINER_LOGGER": "file,wandb",  # the recipe prints a compact line per step; verl's console line has ~150 keys
     "VLLM_ROLLOUT_EARLY_STOP_FACTOR": "0.5",
     "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS": "8",
+    "ROLLOUT_SAMPLING_SEED": "0",  # reproducible runs: a resumed run draws what an uninterrupted one would
     # 1024-token buckets would hold every tiny response in one bucket (no ordering at all).
     "SAMPLER_BUCKET_SIZE": "4",
 }

@@ -39,6 +39,7 @@ from .overrides import RunPaths, build_overrides, run_paths
 from .report import PreflightReport, dump, format_report, summary_table, write_plan
 from .reward import check_reward
 from .rollout import check_rollout
+from .stack import check_stack
 
 __all__ = ["KNOB", "KNOBS", "Knob", "PreflightReport", "RunPaths", "build_overrides", "distcp_problem", "dump",
            "env_table_markdown", "format_report", "parse_env", "run_paths", "run_preflight", "write_plan"]
@@ -63,6 +64,7 @@ def run_preflight(overrides: list[str] | tuple[str, ...] = (), env: Mapping[str,
     report = PreflightReport(user_overrides=list(overrides))
     env = _effective_env(os.environ if env is None else env)
     values, report.errors = parse_env(env)
+    report.stack = check_stack(env, report.errors, report.notes)
     report.values = values
     if report.errors:
         return report
@@ -95,7 +97,7 @@ def _check_config(cfg, values: dict, report: PreflightReport) -> None:
     check_rollout(c, hf, layout["world"], errors)
     check_batches(c, layout["dp"], errors)
     cap_note(c, notes)
-    check_data(c, select(c, "data.train_batch_size"), errors)
+    check_data(c, select(c, "data.train_batch_size"), errors, notes)
     check_reward(c, errors)
     if megatron:
         report.smoke_convert = check_distcp(c, values["PRESET"] == "smoke", errors, notes)

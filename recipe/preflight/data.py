@@ -1,4 +1,4 @@
-"""The train and validation parquet files: schema and row count (never the rows)."""
+"""The train and validation parquet files: schema and row count, and how much of the train set repeats itself."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from ..settings import select
 
 
-def check_data(cfg: Mapping, train_batch_size: int, errors: list[str]) -> None:
-    """Columns verl's dataset, reward loop and the recipe read; schema and row count only (never the rows)."""
+def check_data(cfg: Mapping, train_batch_size: int, errors: list[str], notes: list[str]) -> None:
+    """Columns verl's dataset, reward loop and the recipe read (schema and row count); for TRAIN_FILE also a note
+    when it is mostly repeated prompts (only its prompt column is read, ~2 s for DAPO-Math-17k's 1.79M rows)."""
     import pyarrow.parquet as pq
 
     prompt_key, source_key = select(cfg, "data.prompt_key", "prompt"), select(cfg, "data.reward_fn_key", "data_source")
@@ -34,16 +35,32 @@ def check_data(cfg: Mapping, train_batch_size: int, errors: list[str]) -> None:
                               f"'{prompt_key}' (list of {{role, content}} messages), '{source_key}' and "
                               "'reward_model' {ground_truth}: convert it with scripts/prepare_data.py")
                 continue
-            if not _is_message_list(schema.field(prompt_key).type):
+            messages = _is_message_list(schema.field(prompt_key).type)
+            if not messages:
                 errors.append(f"{var}: {f} column '{prompt_key}' is {schema.field(prompt_key).type}, not a list of "
                               "{role, content} messages: convert it with scripts/prepare_data.py")
             rm = schema.field("reward_model").type
             if not (hasattr(rm, "get_field_index") and rm.get_field_index("ground_truth") >= 0):
                 errors.append(f"{var}: {f} column 'reward_model' has no 'ground_truth' field ({rm})")
+            if var == "TRAIN_FILE" and messages:
+                _duplicates_note(f, prompt_key, errors, notes)
         if var == "TRAIN_FILE" and rows and rows < train_batch_size:
             errors.append(f"TRAIN_FILE holds {rows} rows, fewer than one batch (TRAIN_BATCH_SIZE={train_batch_size}): "
                           "the recipe cuts the train set to whole batches, so nothing would train; add data or lower "
                           "the batch")
+
+
+def _duplicates_note(path: str, prompt_key: str, errors: list[str], notes: list[str]) -> None:
+    """A note, not an error: a file of repeated prompts trains, but the sampler and the cap barely engage."""
+    from ..data_checks import DataCheckError, duplicate_warning
+
+    try:
+        note = duplicate_warning(path, prompt_key)
+    except DataCheckError as e:
+        errors.append(f"TRAIN_FILE: {e}")
+        return
+    if note:
+        notes.append(note)
 
 
 def _is_message_list(t) -> bool:

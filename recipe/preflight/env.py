@@ -28,6 +28,16 @@ def _parse_value(knob: Knob, raw: str) -> Any:
         if knob.minimum is not None and value < knob.minimum:
             raise ValueError(f"must be >= {knob.minimum:g}")
         return value
+    if knob.kind == "opt_int":
+        if raw.strip().lower() in ("", "none", "null"):
+            return None
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError("must be an integer (or unset)") from None
+        if knob.minimum is not None and value < knob.minimum:
+            raise ValueError(f"must be >= {knob.minimum:g}")
+        return value
     if knob.kind == "choice":
         if raw.strip() not in knob.choices:
             raise ValueError("must be one of " + ", ".join(repr(c) for c in knob.choices if c))
@@ -70,6 +80,9 @@ def parse_env(env: Mapping[str, str], names: tuple[str, ...] | None = None) -> t
             continue
         raw = env.get(knob.env)
         if raw is None or raw.strip() == "":
+            if knob.kind == "opt_int" and knob.default == "":
+                values[knob.env] = None
+                continue
             if knob.default is None:
                 errors.append(f"{knob.env} is not set: {_REQUIRED_HINT[knob.env]}")
                 continue

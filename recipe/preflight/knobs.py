@@ -15,6 +15,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARR = "actor_rollout_ref"
 MEG = f"{ARR}.actor.megatron"
+# verl's run_ppo merges this into the runtime env of every Ray actor (TaskRunner, workers, vLLM servers)
+RAY_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class Knob:
     """One environment variable: how to parse it, its default, and what it sets (for messages and the README)."""
 
     env: str
-    kind: str  # bool | int | float | str | choice | path | paths | script (read by the bash scripts only)
+    kind: str  # bool | int | opt_int | float | str | choice | path | path_or_none | paths | script (bash only)
     default: str | Callable[[dict], Any] | None  # None: required (or unset for script knobs)
     sets: str  # Hydra key(s) or effect, for the README table
     doc: str
@@ -100,6 +102,13 @@ KNOBS: tuple[Knob, ...] = (
          "function name in that file", group=_G_IN),
     Knob("NNODES", "int", "2", "trainer.nnodes", "nodes", minimum=1, group=_G_CLUSTER),
     Knob("GPUS_PER_NODE", "int", "8", "trainer.n_gpus_per_node", "GPUs per node", minimum=1, group=_G_CLUSTER),
+    Knob("CUDA_DEVICE_MAX_CONNECTIONS", "int", "1", f"{RAY_ENV}.CUDA_DEVICE_MAX_CONNECTIONS", "sent to every Ray "
+         "actor (Megatron configs): verl sets 1 only when the launching process itself sees a Hopper/Ampere GPU, so a "
+         "GPU-less launcher with RAY_ADDRESS would lose Megatron's TP/SP communication overlap; Blackwell does not "
+         "need 1 (CUDA's default is 8)", minimum=1, group=_G_CLUSTER),
+    Knob("PYTHONPATH", "str", "", f"{RAY_ENV}.PYTHONPATH", "sent to every Ray actor as `<repo>` followed by this "
+         "value, so a TaskRunner or worker on another node imports this checkout's `recipe` and `reward` (it replaces "
+         "the PYTHONPATH the nodes had at `ray start`)", default_doc="unset", group=_G_CLUSTER),
     Knob("TRAIN_BATCH_SIZE", "int", "32", "data.train_batch_size", "prompts per step", minimum=1, group=_G_BATCH),
     Knob("GEN_BATCH_SIZE", "int", lambda v: v["TRAIN_BATCH_SIZE"], "data.gen_batch_size",
          "prompts per rollout fetch (divides TRAIN_BATCH_SIZE)", default_doc="TRAIN_BATCH_SIZE", minimum=1,
@@ -176,6 +185,9 @@ KNOBS: tuple[Knob, ...] = (
          minimum=1, group=_G_RECIPE),
     Knob("DATA_SEED", "int", "0", "data.seed, data.sampler.seed", "seed of the data order: verl's random order in the "
          "baseline arms, the sampler's first epoch and tie-breaks", minimum=0, group=_G_RECIPE),
+    Knob("ROLLOUT_SAMPLING_SEED", "opt_int", "", "recipe.sampling_seed", "per-response vLLM seeds from (seed, epoch, "
+         "row, sample): reruns and resumes draw the same random numbers; unset: vLLM's engine RNG", default_doc="unset",
+         minimum=0, group=_G_RECIPE),
     Knob("SAMPLER_BUCKET_SIZE", "float", "1024", "data.sampler.bucket_size", "tokens per length bucket",
          minimum=0, group=_G_RECIPE),
     Knob("SAMPLER_EMA_DECAY", "float", "0.7", "data.sampler.ema_decay", "weight of the old estimate (0..0.999)",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..settings import RecipeConfigError
-from .knobs import ARR, MEG, baseline_arm, is_cpu
+from .knobs import ARR, MEG, RAY_ENV, REPO_ROOT, baseline_arm, is_cpu
 
 
 def hydra_quote(value: str, var: str) -> str:
@@ -179,14 +179,30 @@ def _arms(v: dict) -> list[str]:
         f"recipe.over_sample.ratio={v['OVER_SAMPLE_RATIO']}",
         f"recipe.over_sample.requeue={v['OVER_SAMPLE_REQUEUE']}",
         f"recipe.over_sample.max_resumes={v['OVER_SAMPLE_MAX_RESUMES']}",
+        "recipe.sampling_seed=" + ("null" if v["ROLLOUT_SAMPLING_SEED"] is None else str(v["ROLLOUT_SAMPLING_SEED"])),
     ]
 
 
+def actor_pythonpath(launcher_pythonpath: str) -> str:
+    """The Ray actors' PYTHONPATH: this checkout first (``recipe``, ``reward``), then the launcher's entries, each
+    once (``train_grpo.sh`` has already put the checkout in front of the launcher's own)."""
+    entries = [str(REPO_ROOT), *launcher_pythonpath.split(os.pathsep)]
+    return os.pathsep.join(dict.fromkeys(e for e in entries if e))
+
+
 def _run(v: dict, paths: RunPaths) -> list[str]:
-    """Run directory, checkpoints and logging; the Ray actors (TaskRunner, workers) may run on other nodes, so
-    they get the logging environment explicitly."""
-    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
-    return [
+    """Run directory, checkpoints and logging; the Ray actors (TaskRunner, workers) may run on other nodes, where
+    only what ``ray_kwargs.ray_init.runtime_env`` carries reaches them, so they get the logging environment, the
+    import path and the Megatron launch setting explicitly."""
+    env = RAY_ENV
+    # verl 0.9.1 sets CUDA_DEVICE_MAX_CONNECTIONS=1 for Megatron only if the *launching* process sees a Hopper/Ampere
+    # GPU (verl/trainer/constants_ppo.py:26 and :49 read the launcher's device capability, :123-124 add it to the
+    # runtime env); a launcher without a GPU joining a cluster through RAY_ADDRESS would silently send nothing.
+    # Quoted: Ray accepts only string values in env_vars.
+    connections = hydra_quote(str(v["CUDA_DEVICE_MAX_CONNECTIONS"]), "CUDA_DEVICE_MAX_CONNECTIONS")
+    megatron = [] if is_cpu(v) else [f"{env}.CUDA_DEVICE_MAX_CONNECTIONS={connections}"]
+    return megatron + [
+        f"{env}.PYTHONPATH={hydra_quote(actor_pythonpath(v['PYTHONPATH']), 'PYTHONPATH')}",
         f"trainer.project_name={hydra_quote(v['PROJECT_NAME'], 'PROJECT_NAME')}",
         f"trainer.experiment_name={hydra_quote(v['EXPERIMENT_NAME'], 'EXPERIMENT_NAME')}",
         f"trainer.default_local_dir={hydra_quote(paths.run_dir, 'CKPT_ROOT')}",

@@ -26,6 +26,7 @@ class PreflightReport:
     config: Any = None  # the resolved DictConfig (None if composition failed)
     paths: RunPaths | None = None
     smoke_convert: bool = False
+    stack: list[str] = field(default_factory=list)  # the interpreter's versions (recipe/stack_versions.py)
     table: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -46,6 +47,7 @@ def summary_table(c: Mapping, v: dict, layout: dict, hf: dict | None, report: Pr
     rws = r("tensor_model_parallel_size") * r("data_parallel_size")
     rows = [
         ("preset", v["PRESET"] or "(none)"),
+        ("stack", "; ".join(report.stack) or "?"),
         ("model", f"{select(c, f'{ARR}.model.path')}"
                   + (f"  [{hf.get('num_hidden_layers')} layers, {expert_count(hf)} experts]" if hf else "")),
         *(_megatron_rows(c, layout, report) if not is_cpu(v) else

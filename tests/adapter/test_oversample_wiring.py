@@ -131,3 +131,59 @@ def test_over_sampled_epochs_train_every_prompt_once(tiny_artifacts, tmp_path, t
     assert np.all(est.value >= [length_of(r) for r in range(n_rows)])
     events = (tmp_path / "run" / "over_sample_events.jsonl").read_text().splitlines()
     assert len(events) == sum(m["rollout/over_sample/aborted_groups"] for m in all_metrics)
+
+
+def over_sampled_trainer(tiny_artifacts, run_dir, tq):
+    from recipe.adapter.trainer import LengthAwareTrainer
+
+    cfg = compose_recipe(tiny_artifacts, [f"trainer.default_local_dir={run_dir}", "recipe.over_sample.enable=1",
+                                          "recipe.cap.enable=0", f"recipe.over_sample.ratio={RATIO}"])
+    trainer = LengthAwareTrainer(cfg)
+    trainer._init_tokenizer()
+    trainer._init_dataloader()
+    rollout = FakeRollout(tq)
+    trainer.agent_loop_manager = rollout
+    trainer.checkpoint_manager = FakeReplicas(rollout)
+    trainer.curr_step_profile = False
+    trainer.replay_buffer.poll_interval = 0.01
+    return trainer
+
+
+def run_step(trainer, tq, step):
+    trainer.global_steps, trainer.timing_raw = step, {}
+    trainer.prepare_step()
+    batch, _ = trainer.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=TRAIN_BATCH)
+    trainer.on_sample_end()
+    data = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=[ROW_ID])
+    rows = sorted(set(column_to_numpy(data[ROW_ID], dtype=np.int64).tolist()))
+    epoch = trainer.length_sampler.plan.epoch
+    trainer.observe_batch(batch, gen_time_s=1.0)
+    tq.kv_clear(keys=batch.keys, partition_id="train")
+    trainer.on_step_end()
+    return epoch, rows
+
+
+def test_resume_before_an_epochs_last_step_trains_every_prompt_once(tiny_artifacts, tmp_path, tq_cluster):
+    """A checkpoint taken just before an epoch's last step, restored the way verl restores it (the dataloader's
+    state_dict through data.pt; torchdata applies it to the sampler only when the dataloader is next iterated): the
+    first over-sampled launch after the resume must see the restored epoch (the epoch's last B rows), not a fresh
+    one, so the epoch still trains every prompt exactly once and the next epoch starts clean."""
+    import torch
+
+    first = over_sampled_trainer(tiny_artifacts, tmp_path / "a", tq_cluster)
+    per_epoch = first.steps_per_epoch
+    trained = {}
+    for step in range(1, per_epoch):
+        epoch, rows = run_step(first, tq_cluster, step)
+        trained.setdefault(epoch, []).extend(rows)
+    path = tmp_path / "data.pt"
+    torch.save(first.train_dataloader.state_dict(), path)
+
+    resumed = over_sampled_trainer(tiny_artifacts, tmp_path / "b", tq_cluster)
+    resumed.train_dataloader.load_state_dict(torch.load(path, weights_only=False))
+    for step in range(per_epoch, 2 * per_epoch + 1):
+        epoch, rows = run_step(resumed, tq_cluster, step)
+        trained.setdefault(epoch, []).extend(rows)
+    n_rows = resumed.length_sampler.num_rows
+    assert sorted(trained[0]) == list(range(n_rows))
+    assert sorted(trained[1]) == list(range(n_rows))

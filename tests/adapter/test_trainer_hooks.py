@@ -77,8 +77,8 @@ def test_first_batch_has_no_estimates_and_no_cap(tiny_artifacts, tmp_path):
 
 def test_step_observation_updates_estimates_then_caps_next_epoch(tiny_artifacts, tmp_path, tq_cluster):
     """A whole epoch of steps through TransferQueue: estimates fill, metrics and traces appear, and batches of the
-    next epoch carry predictions and the seed cap (min_tokens=16 in the test config, response_length 64)."""
-    trainer = make_trainer(tiny_artifacts, tmp_path)
+    next epoch carry predictions and the seed cap (factor 1.0 here so that it binds: min_tokens=16, response 64)."""
+    trainer = make_trainer(tiny_artifacts, tmp_path, "recipe.cap.factor=1.0")
     steps = trainer.steps_per_epoch
     for step in range(1, steps + 1):
         trainer.global_steps = step
@@ -97,17 +97,38 @@ def test_step_observation_updates_estimates_then_caps_next_epoch(tiny_artifacts,
     pred = batch[PREDICTION].numpy()
     got_rows = np.array([int(r) for r in batch[ROW_ID]])
     assert np.allclose(pred, expected[got_rows])
-    want_cap = min(64, max(16, int(np.ceil(2.0 * pred.mean()))))
-    assert batch[CAP].tolist() == [want_cap if want_cap < 64 else 0] * TRAIN_BATCH
+    want_cap = max(16, int(np.ceil(1.0 * pred.mean())))
+    assert want_cap < 64, "the test must exercise a binding cap"
+    assert batch[CAP].tolist() == [want_cap] * TRAIN_BATCH
     # one sorted epoch: the batch's predictions are close together (bucketed), far tighter than the data's spread
     assert np.ptp(pred) < np.ptp(expected)
 
-    meta = put_trajectories(tq_cluster, batch, lambda r, s: 63)  # everything runs long into the cap
+    before = trainer.length_sampler.estimates.value.copy()
+    meta = put_trajectories(tq_cluster, batch, lambda r, s: want_cap)  # every response stopped by the cap
     metrics = trainer.observe_batch(meta, gen_time_s=2.0)
-    if want_cap < 64:
-        assert metrics["rollout/cap_hit_ratio"] == 1.0
-        assert metrics["rollout/response_max_tokens_cap"] == want_cap
+    assert metrics["rollout/cap_hit_ratio"] == 1.0
+    assert metrics["rollout/response_max_tokens_cap"] == want_cap
+    after = trainer.length_sampler.estimates.value
+    # censored at the cap: a lower bound never lowers an estimate, and raises the ones below it
+    above = got_rows[before[got_rows] > want_cap]
+    below = got_rows[before[got_rows] < want_cap]
+    assert len(above) and np.array_equal(after[above], before[above])
+    assert len(below) and np.all(after[below] > before[below])
     records = [json.loads(line) for line in open(tmp_path / "run" / "length_traces.jsonl")]
     assert [r["step"] for r in records] == list(range(1, steps + 2))
     assert records[-1]["epoch"] == 1 and len(records[-1]["lengths"]) == TRAIN_BATCH * N_RESP
-    assert set(records[-1]["finish"]) <= {"cap", "eos", "length"}
+    assert records[-1]["finish"] == ["cap"] * (TRAIN_BATCH * N_RESP) and records[-1]["cap"] == want_cap
+    assert records[-1]["sample_index"] == [s for _ in range(TRAIN_BATCH) for s in range(N_RESP)]
+
+
+def test_sampling_seeds_are_per_epoch_and_row(tiny_artifacts, tmp_path):
+    """recipe.sampling_seed: each row carries a seed that depends on (seed, epoch, row) only."""
+    from recipe.adapter.fields import SEED
+    from recipe.core.seeds import row_seeds
+
+    trainer = make_trainer(tiny_artifacts, tmp_path, "recipe.sampling_seed=7")
+    batch = trainer._next_train_batch()
+    rows = [int(r) for r in batch[ROW_ID]]
+    assert batch[SEED].tolist() == row_seeds(7, trainer.length_sampler.plan.epoch, rows).tolist()
+    assert len(set(batch[SEED].tolist())) == len(rows)
+    assert make_trainer(tiny_artifacts, tmp_path / "b")._next_train_batch().get(SEED, None) is None

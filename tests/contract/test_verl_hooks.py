@@ -21,6 +21,9 @@ PARAMS = [
     (f"{BASE}.step", ["self", "metrics", "timing_raw"], "LengthAwareTrainer.step"),
     (f"{BASE}._next_train_batch", ["self", "num_prompts"], "LengthAwareTrainer._next_train_batch (cap injection)"),
     (f"{BASE}.__init__", ["self", "config"], "LengthAwareTrainer.__init__"),
+    (f"{BASE}._build_replay_buffer", ["self"], "LengthAwareTrainer._build_replay_buffer (poll interval)"),
+    (f"{BASE}._compute_metrics", ["self", "batch", "metrics", "timing_raw", "global_steps", "epoch"],
+     "LengthAwareTrainer._compute_metrics (progress line)"),
     (f"{SYNC}.on_init_end", ["self"], "PPOTrainerSync hooks used by the trainer subclass"),
     (f"{SYNC}.on_sample_end", ["self"], "over-sample abort before replicas sleep"),
     (f"{SYNC}.on_step_end", ["self"], "over-sample resume after weights update"),
@@ -83,11 +86,21 @@ def test_step_runs_before_the_checkpoint_save():
                 "observe_batch reads TransferQueue before fit clears it")
 
 
+def test_replay_buffer_polls_by_an_attribute_the_trainer_sets():
+    check_source("verl.trainer.ppo.v1.replay_buffer:ReplayBuffer.__init__", ["self.poll_interval = poll_interval"],
+                 "LengthAwareTrainer._build_replay_buffer sets poll_interval after construction")
+    check_source("verl.trainer.ppo.v1.replay_buffer:ReplayBuffer._wait_for_next_poll",
+                 ["time.sleep(self.poll_interval)"], "recipe.replay_buffer.poll_interval_s")
+    check_order(f"{BASE}.fit", "self._compute_metrics(batch, metrics", "self.logger.log(data=metrics",
+                "the progress line prints the metrics verl logs")
+
+
 def test_train_batches_flow_through_next_train_batch():
     check_source(f"{BASE}._add_batch_to_generate", ["self._next_train_batch()"], "cap injection")
     check_source(f"{BASE}._add_prompts_to_generate", ["self._next_train_batch(num_prompts)"], "cap injection")
-    check_source(f"{BASE}._fetch_one_gen_batch", ["next(self.train_dataloader_it)", "iter(self.train_dataloader)"],
-                 "the sampler's epoch handling")
+    check_source(f"{BASE}._fetch_one_gen_batch", ["next(self.train_dataloader_it)", "iter(self.train_dataloader)",
+                                                  "if self.train_dataloader_it is None:"],
+                 "the sampler's epoch handling; OverSampleDriver.launch creates the iterator first after a resume")
 
 
 def test_row_fields_reach_agent_loop_and_transfer_queue():

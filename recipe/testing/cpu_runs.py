@@ -1,0 +1,135 @@
+"""Running the recipe's main command (or a control driver) for real, from tests: each run in its own session, with a
+hard time limit, every process it started found by a marker in its environment and killed when it ends.
+
+Used by ``tests/e2e`` (verl's real loop on the CPU preset). A run is ``bash scripts/train_grpo.sh`` with
+``CKPT_ROOT=<base>/<name>``; :class:`Run` reads what it left: verl's file-logger metrics, the recipe's length traces,
+the console output.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = int(os.environ.get("RECIPE_E2E_RUN_TIMEOUT_S", "900"))
+MARKER = "RECIPE_E2E_RUN"
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes whose environment carries ``MARKER=marker`` (everything a run started inherits it)."""
+    needle = f"{MARKER}={marker}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def kill_marked(marker: str, sig=signal.SIGKILL, wait_s: float = 30.0) -> list[int]:
+    """Signal every process of a run; returns the ones still alive after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = marked_pids(marker)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.5)
+
+
+@dataclass
+class Run:
+    ckpt_root: Path
+    experiment: str
+    returncode: int | None
+    output: str
+
+    @property
+    def run_dir(self) -> Path:
+        return self.ckpt_root / self.experiment
+
+    def metrics(self) -> dict[int, dict]:
+        """verl's file logger, every launch of the run: step -> metrics (a later launch's step wins)."""
+        by_step: dict[int, dict] = {}
+        for path in sorted((self.run_dir / "logs").glob("metrics.*.jsonl")):
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    by_step.setdefault(int(rec["step"]), {}).update(rec["data"])
+        return dict(sorted(by_step.items()))
+
+    def traces(self) -> dict[int, dict]:
+        from recipe.traces import read_records
+
+        return read_records(self.run_dir / "length_traces.jsonl")
+
+
+class Launcher:
+    def __init__(self, base: Path):
+        self.base = base
+        self.markers: list[str] = []
+
+    def env(self, ckpt_root: Path, marker: str, extra: dict) -> dict:
+        keep = ("HOME", "LANG", "TMPDIR", "PATH", "RECIPE_FIXTURE_CACHE")
+        env = {k: v for k, v in os.environ.items() if k in keep}
+        return {**env, "CKPT_ROOT": str(ckpt_root), MARKER: marker, **extra}
+
+    def start(self, name: str, extra: dict | None = None, args: tuple = (), cmd: list | None = None
+              ) -> tuple[subprocess.Popen, Path, str]:
+        """Start ``bash scripts/train_grpo.sh ARGS`` (or ``cmd``) in its own session with ``CKPT_ROOT=<base>/name``."""
+        ckpt_root = self.base / name
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        marker = f"{name}-{uuid.uuid4().hex[:8]}"
+        self.markers.append(marker)
+        log = open(ckpt_root / f"launch-{len(self.markers)}.out", "w")
+        proc = subprocess.Popen(cmd or ["bash", str(REPO / "scripts" / "train_grpo.sh"), *args], cwd=REPO,
+                                env=self.env(ckpt_root, marker, extra or {}), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        proc.log_path, proc.marker = Path(log.name), marker
+        return proc, ckpt_root, marker
+
+    def wait(self, proc: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> int | None:
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            left = kill_marked(proc.marker)
+            assert not left, f"processes of the run survived SIGKILL: {left}"
+
+    def run_command(self, name: str, cmd: list, extra: dict, experiment: str) -> Run:
+        """A command other than the main one (a control driver), with the same time limit and clean-up."""
+        return self.run(name, extra, cmd=cmd, experiment=experiment)
+
+    def run(self, name: str, extra: dict | None = None, args: tuple = (), experiment: str | None = None,
+            cmd: list | None = None) -> Run:
+        proc, ckpt_root, _ = self.start(name, extra, args, cmd)
+        code = self.wait(proc)
+        output = proc.log_path.read_text()
+        if experiment is None:
+            dirs = [p.name for p in ckpt_root.iterdir() if p.is_dir()]
+            experiment = dirs[0] if len(dirs) == 1 else "?"
+        return Run(ckpt_root, experiment, code, output)
+
+    def cleanup(self) -> None:
+        for marker in self.markers:
+            kill_marked(marker, wait_s=10.0)
+
+
+def require_success(run: Run) -> Run:
+    assert run.returncode == 0, f"run failed ({run.returncode}); last output:\n{run.output[-6000:]}"
+    return run

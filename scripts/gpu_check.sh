@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The GPU-only parts of the launch path, checked in one command on one GPU (verl 0.9.1 installed; under 10 minutes),
+# ending in a pass/fail table:
+#   convert     scripts/convert_hf_to_distcp.sh: the smoke preset's tiny Qwen3-MoE -> a fresh dist checkpoint
+#   logits      python -m recipe.gpu_check logits: verl's Megatron engine loads that checkpoint as actor and ref do;
+#               its exported weights and its logits are compared with the Hugging Face model (recipe/gpu_check.py)
+#   smoke       PRESET=smoke ... bash scripts/train_grpo.sh trainer.total_training_steps=2, on that checkpoint
+#   smoke-logs  python -m recipe.gpu_check smoke-result: both steps logged with the recipe's metrics and traces
+#
+#   bash scripts/gpu_check.sh [--dry-run] [--work DIR]
+#
+# --dry-run prints each step's command and runs none of them (no GPU needed; it builds the tiny model on the CPU,
+# cached, to name it). --work DIR holds the checkpoint, the smoke run and one log per step (default
+# checkpoints/gpu-check-<UTC stamp>; it must be new or empty). Each GPU step runs under recipe.run_guard with a time
+# limit, which ends its whole process tree (Ray, vLLM) when reached: GPU_CHECK_CONVERT_TIMEOUT_S (90),
+# GPU_CHECK_LOGITS_TIMEOUT_S (120), GPU_CHECK_SMOKE_TIMEOUT_S (360), 570 s in all. A failed conversion skips the
+# steps that need its checkpoint. Exit status: 0 when every step passed, 1 when one did not, 2 on bad usage or
+# without a GPU.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/lib/python_env.sh
+source "$ROOT/scripts/lib/python_env.sh"
+
+die() {
+    echo "gpu_check.sh: ERROR: $*" >&2
+    exit 2
+}
+
+dry=0
+work=""
+while (( $# > 0 )); do
+    case "$1" in
+        --dry-run) dry=1 ;;
+        --work)
+            (( $# > 1 )) || die "--work needs a directory"
+            work="$2"
+            shift
+            ;;
+        --work=*) work="${1#--work=}" ;;
+        -h | --help)
+            sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+            exit 0
+            ;;
+        *) die "unknown argument '$1' (usage: bash scripts/gpu_check.sh [--dry-run] [--work DIR])" ;;
+    esac
+    shift
+done
+
+convert_limit="${GPU_CHECK_CONVERT_TIMEOUT_S:-90}"
+logits_limit="${GPU_CHECK_LOGITS_TIMEOUT_S:-120}"
+smoke_limit="${GPU_CHECK_SMOKE_TIMEOUT_S:-360}"
+for v in convert_limit logits_limit smoke_limit; do
+    name="${v%_limit}"
+    [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "GPU_CHECK_${name^^}_TIMEOUT_S=${!v} must be a positive number of seconds"
+done
+
+if (( dry == 0 )) && (( $(recipe_gpu_count) == 0 )); then
+    die "no GPU is visible on this machine (nvidia-smi is missing or lists no GPU): these checks need one GPU." \
+        "Run it on a GPU node, or --dry-run to print the commands"
+fi
+
+PY="$(recipe_python "$ROOT")" || die "no usable Python (see the message above)"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+work="$(realpath -m "${work:-$ROOT/checkpoints/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}")"
+if (( dry == 0 )); then
+    if [[ -e "$work" ]] && [[ ! -d "$work" || -n "$(ls -A "$work")" ]]; then
+        die "--work $work exists and is not an empty directory: give a new one"
+    fi
+    mkdir -p "$work"
+fi
+model="$("$PY" -m recipe.gpu_check tiny-model)" || die "could not build the smoke preset's tiny model (above)"
+distcp="$work/distcp"
+runs="$work/runs"
+steps="$work/steps.tsv"
+
+# run_step NAME LIMIT CMD...: run CMD (under recipe.run_guard when LIMIT > 0) with its output in WORK/NAME.log and
+# record PASS/FAIL, seconds and the log's last line; with --dry-run only print the command. Returns CMD's status.
+run_step() {
+    local name="$1" limit="$2" status=0 start="$SECONDS" detail
+    shift 2
+    if (( dry )); then
+        printf '%s:' "$name"
+        printf ' %q' "$@"
+        echo
+        return 0
+    fi
+    echo "gpu_check.sh: $name (log: $work/$name.log)" >&2
+    if (( limit > 0 )); then
+        "$PY" -m recipe.run_guard --timeout "$limit" -- "$@" >"$work/$name.log" 2>&1 || status=$?
+    else
+        "$@" >"$work/$name.log" 2>&1 || status=$?
+    fi
+    detail="$(grep -v '^[[:space:]]*$' "$work/$name.log" | tail -n 1 | tr '\t' ' ' | cut -c 1-400)" || true
+    (( status != 124 )) || detail="time limit ${limit}s reached; $detail"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$( (( status == 0 )) && echo PASS || echo FAIL)" "$(( SECONDS - start ))" \
+        "${detail:-exit status $status}" >>"$steps"
+    return "$status"
+}
+
+(( dry == 0 )) || echo "gpu_check.sh: --dry-run: the steps (not run), tiny model $model:"
+if run_step convert "$convert_limit" env MODEL_PATH="$model" DISTCP_PATH="$distcp" CONVERT_PP=1 CONVERT_EP=1 \
+        CONVERT_NNODES=1 GPUS_PER_NODE=1 RECIPE_PYTHON="$PY" bash "$ROOT/scripts/convert_hf_to_distcp.sh"; then
+    run_step logits "$logits_limit" "$PY" -m recipe.gpu_check logits --model "$model" --distcp "$distcp" || true
+    run_step smoke "$smoke_limit" env PRESET=smoke CKPT_ROOT="$runs" DISTCP_PATH="$distcp" RECIPE_PYTHON="$PY" \
+        bash "$ROOT/scripts/train_grpo.sh" trainer.total_training_steps=2 || true
+    # also after a failed smoke run: what its logs lack says how far it got
+    run_step smoke-logs 0 "$PY" -m recipe.gpu_check smoke-result "$runs/smoke-grpo-resampler" --steps 2 || true
+else
+    for name in logits smoke smoke-logs; do
+        printf '%s\tSKIP\t\tneeds the converted checkpoint\n' "$name" >>"$steps"
+    done
+fi
+(( dry == 0 )) || exit 0
+
+status=0
+"$PY" -m recipe.gpu_check table "$steps" || status=$?
+echo "gpu_check.sh: logs in $work" >&2
+exit "$status"

@@ -1,0 +1,195 @@
+"""``scripts/gpu_check.sh`` and ``recipe/gpu_check.py`` on a CPU: arguments, ``--dry-run``, the refusal without a
+GPU, the step orchestration with stand-ins for the GPU commands, and the pure parts (tolerances, weight comparison,
+smoke-log check, table). The GPU commands themselves (conversion, Megatron engine, training) cannot run here.
+"""
+import copy
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipe import gpu_check
+from recipe.gpu_check import format_table, logit_metrics, logits_verdict, read_steps, smoke_problems, weight_problems
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def dry_run_steps(stdout: str) -> dict[str, list[str]]:
+    lines = stdout.split("the steps (not run)", 1)[1].splitlines()[1:]
+    return {name: shlex.split(cmd) for name, cmd in (line.split(": ", 1) for line in lines if line.strip())}
+
+
+# ---- the script -------------------------------------------------------------------------------------------------
+
+def test_dry_run_prints_each_step_without_running_it(run_script, tiny_artifacts, tmp_path):
+    work = tmp_path / "work"
+    r = run_script("gpu_check.sh", {}, "--dry-run", "--work", str(work), gpus=0)
+    assert r.returncode == 0, r.stdout + r.stderr
+    steps = dry_run_steps(r.stdout)
+    assert list(steps) == ["convert", "logits", "smoke", "smoke-logs"]
+    model, distcp = str(tiny_artifacts.model_dir), str(work / "distcp")
+    convert = steps["convert"]
+    assert {f"MODEL_PATH={model}", f"DISTCP_PATH={distcp}", "CONVERT_PP=1", "CONVERT_EP=1", "CONVERT_NNODES=1",
+            "GPUS_PER_NODE=1"} <= set(convert) and convert[-1] == str(REPO / "scripts" / "convert_hf_to_distcp.sh")
+    assert steps["logits"][1:] == ["-m", "recipe.gpu_check", "logits", "--model", model, "--distcp", distcp]
+    smoke = steps["smoke"]
+    assert {"PRESET=smoke", f"DISTCP_PATH={distcp}", f"CKPT_ROOT={work / 'runs'}"} <= set(smoke)
+    assert smoke[-2:] == [str(REPO / "scripts" / "train_grpo.sh"), "trainer.total_training_steps=2"]
+    assert steps["smoke-logs"][-3:] == [str(work / "runs" / "smoke-grpo-resampler"), "--steps", "2"]
+    assert not work.exists()  # nothing written
+
+
+def test_refuses_without_a_gpu_and_rejects_bad_arguments(run_script, tmp_path):
+    r = run_script("gpu_check.sh", {}, gpus=0)
+    assert r.returncode == 2 and "no GPU is visible" in r.stderr and "--dry-run" in r.stderr
+    r = run_script("gpu_check.sh", {}, "--fast", gpus=1)
+    assert r.returncode == 2 and "unknown argument '--fast'" in r.stderr
+    r = run_script("gpu_check.sh", {"GPU_CHECK_SMOKE_TIMEOUT_S": "10m"}, "--dry-run", gpus=0)
+    assert r.returncode == 2 and "GPU_CHECK_SMOKE_TIMEOUT_S=10m must be a positive number of seconds" in r.stderr
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    r = run_script("gpu_check.sh", {}, "--work", str(tmp_path / "used"), gpus=1)
+    assert r.returncode == 2 and "is not an empty directory" in r.stderr
+
+
+@pytest.fixture
+def stand_in_python(tmp_path):
+    """The real interpreter, except for the GPU commands: torchrun writes a structural dist checkpoint (status
+    $CONVERT_STATUS), ``recipe.gpu_check logits`` reports a logits failure, ``recipe.main`` exits 0."""
+    py = tmp_path / "python"
+    py.write_text(f"""#!/usr/bin/env bash
+if [[ "$1 $2" == "-m recipe.main" ]]; then echo "MAIN $*"; exit 0; fi
+if [[ "$1 $2 $3" == "-m recipe.gpu_check logits" ]]; then
+    echo "weights PASS: 135 tensors equal; logits FAIL: mean KL 1.8e-02"; exit 1
+fi
+if [[ "$1 $2" == "-m torch.distributed.run" ]]; then
+    while [[ $# -gt 0 && "$1" != --output_path ]]; do shift; done
+    mkdir -p "$2"; echo '{{"sharded_backend": "torch_dist"}}' > "$2/metadata.json"; : > "$2/common.pt"
+    : > "$2/.metadata"; exit "${{CONVERT_STATUS:-0}}"
+fi
+exec {sys.executable} "$@"
+""")
+    py.chmod(0o755)
+    return py
+
+
+def test_runs_the_steps_and_prints_the_table(run_script, stand_in_python, tmp_path):
+    """With a faked GPU: the real conversion script (stand-in torchrun), the stand-in logits check, the real
+    preflight of the smoke run (stand-in recipe.main), the real smoke-log check, the table and the exit status."""
+    work = tmp_path / "work"
+    r = run_script("gpu_check.sh", {"RECIPE_PYTHON": str(stand_in_python)}, "--work", str(work), gpus=1)
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = {row[0]: row for row in read_steps(work / "steps.tsv")}
+    assert [rows[s][1] for s in ("convert", "logits", "smoke", "smoke-logs")] == ["PASS", "FAIL", "PASS", "FAIL"]
+    assert rows["convert"][3].startswith("convert_hf_to_distcp.sh: done: DISTCP_PATH=")
+    assert rows["logits"][3].endswith("logits FAIL: mean KL 1.8e-02")
+    assert rows["smoke"][3].startswith("train_grpo.sh: finished with status 0")
+    assert "no step [1, 2]" in rows["smoke-logs"][3]  # the stand-in trained nothing
+    main = (work / "smoke.log").read_text()
+    assert "preflight: OK" in main and "MAIN " in main and "trainer.total_training_steps=2" in main
+    assert "| logits | FAIL |" in r.stdout and r.stdout.rstrip().endswith("gpu_check: FAIL")
+
+
+def test_a_failed_conversion_skips_what_needs_it(run_script, stand_in_python, tmp_path):
+    work = tmp_path / "work"
+    r = run_script("gpu_check.sh", {"RECIPE_PYTHON": str(stand_in_python), "CONVERT_STATUS": "1"},
+                   "--work", str(work), gpus=1)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [(row[0], row[1]) for row in read_steps(work / "steps.tsv")] == [
+        ("convert", "FAIL"), ("logits", "SKIP"), ("smoke", "SKIP"), ("smoke-logs", "SKIP")]
+
+
+# ---- tolerances, calibrated on the tiny model --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_logits(tiny_artifacts):
+    """``logits(model) -> [4, 64, vocab]`` on the check's tokens, and the tiny model in fp32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_artifacts.model_dir, dtype=torch.float32).eval()
+    ids = torch.randint(0, model.config.vocab_size, gpu_check.TOKENS_SHAPE, generator=torch.Generator().manual_seed(0))
+
+    def logits(m):
+        with torch.no_grad():
+            return m(input_ids=ids).logits.float()
+
+    return logits, model
+
+
+def test_bf16_rounding_passes_and_broken_layers_fail(tiny_logits):
+    logits, model = tiny_logits
+    reference = logits(model)
+    ok, detail = logits_verdict(logit_metrics(reference, logits(copy.deepcopy(model).to(torch.bfloat16))))
+    assert ok, detail
+
+    def broken(edit):
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            edit(m)
+        return logits_verdict(logit_metrics(reference, logits(m)))
+
+    def swap_k_v(m):
+        a = m.model.layers[3].self_attn
+        k = a.k_proj.weight.clone()
+        a.k_proj.weight.copy_(a.v_proj.weight)
+        a.v_proj.weight.copy_(k)
+
+    assert not broken(swap_k_v)[0]
+    assert not broken(lambda m: m.model.layers[2].self_attn.q_norm.weight.mul_(0.5))[0]
+
+
+def test_verdict_on_nan_and_on_identical_logits():
+    x = torch.randn(2, 3, 11)
+    assert logits_verdict(logit_metrics(x, x.clone()))[0]
+    assert not logits_verdict(logit_metrics(x, torch.full_like(x, float("nan"))))[0]
+
+
+def test_weight_comparison_is_exact_in_bf16_and_names_each_problem():
+    ref = {"a.weight": torch.randn(4, 3), "b.weight": torch.randn(2), "c.weight": torch.randn(5)}
+    exported = [(k, v.to(torch.bfloat16)) for k, v in ref.items()]
+    assert weight_problems(exported, ref) == []
+    swapped = [("a.weight", ref["a.weight"][[1, 0, 2, 3]].to(torch.bfloat16)),  # rows swapped
+               ("b.weight", ref["b.weight"]),  # exported in fp32: equal after rounding
+               ("x.weight", torch.zeros(1)), ("c.weight", torch.zeros(6))]
+    problems = weight_problems(swapped, ref)
+    assert problems[0].startswith("a.weight: values differ (max |diff|")
+    assert problems[1:] == ["x.weight: exported but not in the HF checkpoint", "c.weight: shape (6,) != HF (5,)"]
+    assert weight_problems(exported[:2], ref) == ["c.weight: in the HF checkpoint but not exported"]
+
+
+# ---- smoke logs and the table --------------------------------------------------------------------------------------
+
+def write_run(run: Path, steps: int, drop: str | None = None) -> Path:
+    (run / "logs").mkdir(parents=True)
+    data = {"rollout/response_max_tokens_cap": 64.0, "sampler/epoch": 0.0, "timing_s/gen": 1.0, "actor/pg_loss": 0.1}
+    lines = [json.dumps({"step": 0, "data": {"val-core/score": 0.0}})]
+    lines += [json.dumps({"step": s, "data": {k: v for k, v in data.items() if k != drop}}) for s in range(1, steps + 1)]
+    (run / "logs" / "metrics.20260101T000000Z.jsonl").write_text("\n".join(lines) + '\n{"step": 3, "da')
+    (run / "length_traces.jsonl").write_text("".join(json.dumps({"step": s, "lengths": [5, 7]}) + "\n"
+                                                     for s in range(1, steps + 1)))
+    return run
+
+
+def test_smoke_result_needs_each_step_with_an_update_and_the_recipes_metrics(tmp_path):
+    assert smoke_problems(write_run(tmp_path / "ok", 2), 2) == []
+    assert smoke_problems(write_run(tmp_path / "short", 1), 2) == [
+        f"no step [2] in {tmp_path}/short/logs/metrics.*.jsonl",
+        f"no length trace for step [2] in {tmp_path}/short/length_traces.jsonl"]
+    assert smoke_problems(write_run(tmp_path / "nocap", 2, drop="rollout/response_max_tokens_cap"), 2)[0] == \
+        "step 1: no rollout/response_max_tokens_cap"
+    assert smoke_problems(write_run(tmp_path / "noupdate", 2, drop="actor/pg_loss"), 2)[0] == \
+        "step 1: no actor/* (no update)"
+
+
+def test_table_passes_only_when_every_step_passed(tmp_path):
+    steps = tmp_path / "steps.tsv"
+    steps.write_text("convert\tPASS\t41\tdone\nlogits\tPASS\t60\tmean KL 2e-06 | top-1 0.98\n")
+    text, ok = format_table(read_steps(steps))
+    assert ok and "| logits | PASS | 60 | mean KL 2e-06 / top-1 0.98 |" in text and text.endswith("gpu_check: PASS")
+    steps.write_text(steps.read_text() + "smoke\tSKIP\t\tneeds the converted checkpoint\n")
+    text, ok = format_table(read_steps(steps))
+    assert not ok and "| smoke | SKIP |  | needs the converted checkpoint |" in text
+    assert format_table([]) == ("| step | result | seconds | detail |\n|---|---|---|---|\ngpu_check: FAIL", False)
