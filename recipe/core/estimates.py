@@ -8,6 +8,12 @@ Censoring: a response that stopped because of a cap, ``response_length`` or an a
 length the prompt wants. An observation containing such a response may raise an estimate but never lower it, so a
 cap that is on for many epochs cannot drag the estimates of long prompts down toward the cap (which would in turn
 lower the next cap: a feedback loop).
+
+Warm start: without any observation the first epoch has nothing to order or cap by. ``warm_start`` folds the
+responses of an earlier run on the same prompts in as observations (censored ones as lower bounds, the same rules),
+and ``set_row_prior`` gives rows a per-row expected length (e.g. a dataset column; NaN = unknown) that stands in for
+the estimate of a row until it is observed. Rows with either are *known*; ordering and caps treat known rows like
+observed ones, and a row known by neither gets the population prior.
 """
 from __future__ import annotations
 
@@ -73,9 +79,10 @@ def reduce_groups(
 class LengthEstimates:
     """EMA length estimate per dataset row, with censoring-aware updates and a documented prior.
 
-    ``prior`` is what an unseen row is assumed to need when at least one row has been seen: the median of the
-    current estimates (a row we know nothing about is put in the middle, neither in the short nor the long tail).
-    With no row seen at all there is no estimate and callers fall back to random order and no cap.
+    ``prior`` is what an unknown row is assumed to need when at least one row is known (observed, warm-started or
+    with a per-row prior): the median of the known rows' estimates (a row we know nothing about is put in the
+    middle, neither in the short nor the long tail). With no row known at all there is no estimate and callers fall
+    back to random order and no cap.
     """
 
     def __init__(self, num_rows: int, ema_decay: float = 0.7, statistic: str = "mean"):
@@ -90,29 +97,84 @@ class LengthEstimates:
         self.value = np.full(self.num_rows, np.nan)
         self.count = np.zeros(self.num_rows, np.int64)
         self.censored = np.zeros(self.num_rows, bool)  # the estimate is only a lower bound (set by a censored obs)
+        self.row_prior = np.full(self.num_rows, np.nan)  # per-row expected length until observed (NaN: none)
 
     # -- queries -------------------------------------------------------------------------------------------------
     @property
     def seen(self) -> np.ndarray:
+        """Rows with at least one observation (of this run, or of an earlier one through ``warm_start``)."""
         return self.count > 0
+
+    @property
+    def known(self) -> np.ndarray:
+        """Rows with an estimate: observed, warm-started, or given a per-row prior."""
+        return self.seen | np.isfinite(self.row_prior)
 
     def seen_ratio(self) -> float:
         return float(self.seen.mean())
 
+    def known_ratio(self) -> float:
+        return float(self.known.mean())
+
+    def _own(self) -> np.ndarray:
+        """Every row's own estimate: the observed one, else its per-row prior, else NaN."""
+        return np.where(self.seen, self.value, self.row_prior)
+
     def prior(self) -> float:
-        seen = self.seen
-        return float(np.median(self.value[seen])) if seen.any() else float("nan")
+        own = self._own()
+        known = np.isfinite(own)
+        return float(np.median(own[known])) if known.any() else float("nan")
 
     def get(self, rows, fill_prior: bool = True) -> np.ndarray:
-        """Estimates for ``rows``; unseen rows get the prior (NaN if nothing is seen or fill_prior is False)."""
-        est = self.value[np.asarray(rows, dtype=np.int64)]
+        """Estimates for ``rows`` (observed, else the row's prior); rows known by neither get the population prior
+        (NaN if no row is known or fill_prior is False)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        est = np.where(self.seen[rows], self.value[rows], self.row_prior[rows])
         if fill_prior:
             est = np.where(np.isnan(est), self.prior(), est)
         return est
 
     def filled(self) -> np.ndarray:
-        """All estimates with unseen rows set to the prior."""
+        """All estimates, rows known by nothing set to the population prior."""
         return self.get(np.arange(self.num_rows))
+
+    # -- warm start ----------------------------------------------------------------------------------------------
+    def set_row_prior(self, prior) -> int:
+        """Per-row expected lengths (one per row; NaN = unknown), used for a row until it is observed. Returns the
+        number of rows it makes known."""
+        prior = np.asarray(prior, dtype=np.float64)
+        if prior.shape != (self.num_rows,):
+            raise ValueError(f"row prior has shape {prior.shape}; want one value per row ({self.num_rows},), NaN for"
+                             " rows without one")
+        bad = ~np.isnan(prior) & ~(np.isfinite(prior) & (prior > 0))
+        if bad.any():
+            raise ValueError(f"row prior must be a positive length or NaN; rows {np.flatnonzero(bad)[:8].tolist()} "
+                             f"have {prior[bad][:8].tolist()}")
+        self.row_prior = prior.copy()
+        return int(np.isfinite(prior).sum())
+
+    def warm_start(self, row_ids, lengths, censored=None, epochs=None) -> int:
+        """Fold an earlier run's responses on the same rows in before this run observes anything.
+
+        One entry per response (``row_ids`` already mapped to this dataset's rows). With ``epochs`` (the earlier
+        run's epoch of each response) every (epoch, row) group is one observation, folded in epoch order as that run
+        would have; without, all of a row's responses form one group. Censored entries (cut by a cap, the response
+        length or an abort) are lower bounds, as in ``update``. Returns the number of rows seeded.
+        """
+        if self.seen.any():
+            raise RuntimeError("warm_start must come before the run's first update (a resumed run restores its "
+                               "estimates from the checkpoint instead)")
+        row_ids = np.asarray(row_ids, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.float64)
+        cens = np.zeros(row_ids.shape, bool) if censored is None else np.asarray(censored, dtype=bool)
+        ep = np.zeros(row_ids.shape, np.int64) if epochs is None else np.asarray(epochs, dtype=np.int64)
+        if not (row_ids.shape == lengths.shape == cens.shape == ep.shape) or row_ids.ndim != 1:
+            raise ValueError(f"warm_start: row_ids {row_ids.shape}, lengths {lengths.shape}, censored {cens.shape} "
+                             f"and epochs {ep.shape} must be 1-d with one entry per response")
+        for e in np.unique(ep):
+            sel = ep == e
+            self.update(row_ids[sel], lengths[sel], cens[sel])
+        return int(self.seen.sum())
 
     # -- updates -------------------------------------------------------------------------------------------------
     def update(self, row_ids, lengths, censored=None) -> GroupObservation:
@@ -146,6 +208,7 @@ class LengthEstimates:
             "value": self.value.copy(),
             "count": self.count.copy(),
             "censored": self.censored.copy(),
+            "row_prior": self.row_prior.copy(),
             "ema_decay": self.ema_decay,
             "statistic": self.statistic,
         }
@@ -160,3 +223,5 @@ class LengthEstimates:
         self.value = value.copy()
         self.count = np.asarray(state["count"], dtype=np.int64).copy()
         self.censored = np.asarray(state["censored"], dtype=bool).copy()
+        if "row_prior" in state:  # absent in checkpoints written before per-row priors existed
+            self.set_row_prior(state["row_prior"])

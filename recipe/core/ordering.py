@@ -1,10 +1,11 @@
 """Epoch order from length estimates, and the resumable per-epoch plan the torch sampler wraps.
 
-Ordering (seed design): the first epoch (nothing observed) is a seeded random permutation. Later epochs sort rows by
-(``floor(est / bucket_size)``, est, seeded random tie-break) so that prompts of similar expected length share a
-generation batch, then optionally shuffle whole batch-sized blocks so an epoch does not run short-to-long (a length
-curriculum the user did not ask for). Block shuffling does not change which rows share a batch, so it costs no
-rollout time.
+Ordering (seed design): an epoch with nothing known (no observation, no warm start, no per-row prior: the first
+epoch of a cold run) is a seeded random permutation. Otherwise (later epochs, or a warm-started first one) rows are
+sorted by (``floor(est / bucket_size)``, est, seeded random tie-break) so that prompts of similar expected length
+share a generation batch, then whole batch-sized blocks are optionally shuffled so an epoch does not run
+short-to-long (a length curriculum the user did not ask for). Block shuffling does not change which rows share a
+batch, so it costs no rollout time.
 
 With the estimate as second key the bucket only matters for ties; ``within_bucket="shuffled"`` drops the estimate
 key instead, so rows inside a bucket come in seeded random order and batches mix prompts of similar (within one
@@ -96,7 +97,7 @@ class EpochPlan:
     def start_next_epoch(self) -> np.ndarray:
         self.epoch += 1
         rng = epoch_rng(self.seed, self.epoch)
-        if not self.estimates.seen.any():
+        if not self.estimates.known.any():
             self.order = rng.permutation(self.num_rows).astype(np.int64)
             self.sorted_epoch = False
         else:
@@ -144,7 +145,7 @@ class EpochPlan:
             raise ValueError(f"requeue where={where!r} is not 'back' or 'front'")
         start = max(self.tail_start, self.position)
         tail = np.concatenate([self.order[start:], rows])
-        est = self.estimates.get(tail) if self.estimates.seen.any() else np.zeros(len(tail))
+        est = self.estimates.get(tail) if self.estimates.known.any() else np.zeros(len(tail))
         tail = tail[np.argsort(est, kind="stable")]
         self.order = np.concatenate([self.order[:start], tail])
         self.tail_start = start

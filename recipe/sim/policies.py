@@ -3,13 +3,23 @@
 A policy is a ``PolicySpec`` (data) turned into a ``Policy`` (state) by ``make_policy``. Per step it answers
 ``plan_step()`` with the rows to launch, the cap (vLLM ``max_tokens``) and how many complete groups to keep; after
 the step ``observe`` feeds the kept groups back exactly as the trainer does: ``StepResponses.censored()`` into
-``LengthEstimates.update`` and ``group_tails`` into the cap's ``observe``. Caps see only estimates of rows already
-observed (``fill_prior=False``): with nothing known about a batch there is no cap, in epoch 0 as in the trainer.
+``LengthEstimates.update`` and the ``StepResponses`` into the cap's ``observe_step``. Caps see only estimates of rows
+known (``fill_prior=False``): with nothing known about a batch there is no cap, in a cold epoch 0 as in the trainer.
 
-Row order comes from ``EpochPlan`` in all three modes: ``plan`` sorts by the policy's own estimates, ``random``
+Warm start (``warm_start="previous_run"``): before epoch 0 the estimates are seeded with ``LengthEstimates.
+warm_start`` from an earlier run of the same prompts (``Trace.previous_run``, or a recording; never the trace being
+replayed), all its epochs or only its first (``warm_epochs``), and a learning cap is calibrated on it with
+``recipe.core.cap.warm_start_cap``, so epoch 0 is ordered and capped like any later one. ``priority=
+"longest_first"`` passes vLLM priorities (lower first: minus the row's estimate; resumed partial groups before
+everything), which the engine model serves in priority order and preempts lowest-priority first;
+``placement="predicted_tokens"`` routes by predicted outstanding tokens (``engine.assign_by_predicted``).
+
+Row order comes from ``EpochPlan`` in all four modes: ``plan`` sorts by the policy's own estimates, ``random``
 gives it an estimator that never observes anything (so every epoch is a fresh seeded permutation, verl's
-RandomSampler), and ``oracle`` gives it an estimator overwritten with the epoch's true group maxima before the epoch
-starts. Over-sampling uses ``recipe.core.oversample.OverSampleController`` and ``EpochPlan.requeue`` in the order
+RandomSampler), ``oracle`` gives it an estimator overwritten with the epoch's true group maxima before the epoch
+starts, and ``level`` one holding each prompt's true level in the epoch (``Trace.level`` as a per-row prior): what a
+perfect estimate of the prompt could order by, without the luck of the epoch's own draws (both not realisable).
+Over-sampling uses ``recipe.core.oversample.OverSampleController`` and ``EpochPlan.requeue`` in the order
 ``recipe/adapter/oversample.py`` does; the controller alone decides whether an aborted group keeps its partial
 responses (``keeps_partial(resumes_so_far)``, bounded by ``max_resumes``) and so where it goes back
 (``requeue_aborted``: resumed groups next, restarting ones to the back), as the trainer's driver and
@@ -23,17 +33,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from recipe.core.cap import CalibratedCap, SeedCap, make_cap_policy
+from recipe.core.cap import CAP_MODES, BudgetCap, CalibratedCap, SeedCap, make_cap_policy, warm_start_cap
 from recipe.core.estimates import LengthEstimates
 from recipe.core.ordering import WITHIN_BUCKET, EpochPlan
 from recipe.core.oversample import REQUEUE_MODES, OverSampleController, StepOutcome, requeue_aborted
-from recipe.core.step_stats import StepResponses, group_tails
+from recipe.core.step_stats import StepResponses
 
+from .engine import PLACEMENTS
 from .tailcut import TailCut
+from .trace import Trace
 
-ORDERS = ("random", "plan", "oracle")
-CAPS = ("none", "seed", "calibrated")
+ORDERS = ("random", "plan", "oracle", "level")
+CAPS = ("none", *CAP_MODES)
 CAP_SCOPES = ("batch", "row")
+WARM_STARTS = ("none", "previous_run")
+WARM_EPOCHS = ("all", "first")
+PRIORITIES = ("fcfs", "longest_first")
+RESUMED_PRIORITY = -1e18  # before any fresh row: vLLM serves lower priority values first
 _TOKEN_KWARGS = ("min_tokens", "align")  # cap arguments counted in tokens (PolicySpec.scaled)
 
 
@@ -41,7 +57,7 @@ _TOKEN_KWARGS = ("min_tokens", "align")  # cap arguments counted in tokens (Poli
 class PolicySpec:
     name: str
     description: str = ""
-    order: str = "plan"  # random | plan | oracle
+    order: str = "plan"  # random | plan | oracle | level
     statistic: str = "mean"  # LengthEstimates statistic (drives the order and the caps)
     ema_decay: float = 0.7
     bucket_size: float = 1024
@@ -54,20 +70,27 @@ class PolicySpec:
     oversample_requeue: str = "restart"  # restart (back, fresh) | continue (front, partial rollout)
     max_resumes: int = 1  # continue: resumes a partial group gets before it restarts (OverSampleController)
     tail_cut: float = 1.0  # end the step when this fraction of its responses is done (1: wait for all)
+    warm_start: str = "none"  # none | previous_run: estimates (and a learning cap) seeded from an earlier run
+    warm_epochs: str = "all"  # which epochs of the earlier run seed the estimates: all | first
+    priority: str = "fcfs"  # fcfs | longest_first (vLLM scheduling_policy=priority, per-request priority)
+    placement: str = "least_inflight"  # least_inflight (verl's router) | predicted_tokens
 
     def __post_init__(self):
         if (self.order not in ORDERS or self.cap not in CAPS or self.cap_scope not in CAP_SCOPES
                 or self.oversample_requeue not in REQUEUE_MODES or self.max_resumes < 0
-                or self.within_bucket not in WITHIN_BUCKET):
+                or self.within_bucket not in WITHIN_BUCKET or self.warm_start not in WARM_STARTS
+                or self.warm_epochs not in WARM_EPOCHS or self.priority not in PRIORITIES
+                or self.placement not in PLACEMENTS):
             raise ValueError(f"policy {self.name!r}: order must be one of {ORDERS}, cap one of {CAPS}, cap_scope"
                              f" one of {CAP_SCOPES}, oversample_requeue one of {REQUEUE_MODES}, within_bucket one of"
-                             f" {WITHIN_BUCKET} and max_resumes >= 0")
+                             f" {WITHIN_BUCKET}, warm_start one of {WARM_STARTS}, warm_epochs one of {WARM_EPOCHS},"
+                             f" priority one of {PRIORITIES}, placement one of {PLACEMENTS} and max_resumes >= 0")
 
     def scaled(self, factor: float) -> PolicySpec:
         """The same policy for a trace whose lengths were multiplied by ``factor`` (``Trace.scaled``): every
         parameter counted in tokens (bucket size; the caps' ``min_tokens`` and ``align``, defaults included) is
         multiplied too, rounded, at least 1. Ratios (cap factor, quantile, over-sample ratio) stay."""
-        cls = {"seed": SeedCap, "calibrated": CalibratedCap}.get(self.cap)
+        cls = {"seed": SeedCap, "calibrated": CalibratedCap, "budget": BudgetCap}.get(self.cap)
         tokens = {} if cls is None else {k: v.default for k, v in inspect.signature(cls).parameters.items()
                                          if k in _TOKEN_KWARGS}
         kw = {**tokens, **self.cap_kwargs}
@@ -87,6 +110,12 @@ class PolicySpec:
             d.pop("tail_cut")
         if self.within_bucket == "sorted":
             d.pop("within_bucket")
+        if self.warm_start == "none":
+            d.pop("warm_start")
+            d.pop("warm_epochs")
+        for key in ("priority", "placement"):
+            if d[key] == PolicySpec.__dataclass_fields__[key].default:
+                d.pop(key)
         return d
 
 
@@ -97,24 +126,34 @@ class StepPlan:
     keep: int | None  # keep the first ``keep`` complete groups and abort the rest (None: wait for all)
     predicted: np.ndarray  # estimate of each launched row at planning time (NaN: never observed)
     resumes: np.ndarray  # per launched row: resumes of its partial group, this launch included (0: a fresh group)
+    expected: np.ndarray  # estimate of each launched row with the prior filled in (0 where nothing is known)
+    priority: np.ndarray | None = None  # vLLM priority of each launched row (lower first); None: FCFS
     keep_partial: np.ndarray | None = None  # set by ``Policy.observe``: aborted rows whose partial responses stay
 
 
 class Policy:
     """The state of one policy over a run: estimates, epoch plan, cap and step-end controllers.
 
-    ``truth`` (the trace's ``lengths``) is read by the oracle order only.
+    ``truth`` (the trace's ``lengths``) is read by the oracle order only, ``level`` (the trace's log-levels) by the
+    level order only; ``previous`` (an earlier run of the same prompts, rows matched by ``row_ids``) by
+    warm-started policies only.
     """
 
     def __init__(self, spec: PolicySpec, *, num_rows: int, batch_size: int, response_length: int, seed: int = 0,
-                 truth: np.ndarray | None = None):
+                 truth: np.ndarray | None = None, level: np.ndarray | None = None, previous: Trace | None = None,
+                 row_ids: np.ndarray | None = None):
         if spec.order == "oracle" and truth is None:
             raise ValueError("the oracle order needs the trace's true lengths")
+        if spec.order == "level" and level is None:
+            raise ValueError("the level order needs a generated trace's levels (Trace.level)")
+        if spec.warm_start != "none" and previous is None:
+            raise ValueError(f"policy {spec.name!r} warm-starts from an earlier run: pass previous= (a generated "
+                             "trace's previous_run(), or a recording of an earlier run)")
         self.spec = spec
         self.batch_size = int(batch_size)
         self.response_length = int(response_length)
         self.estimates = LengthEstimates(num_rows, ema_decay=spec.ema_decay, statistic=spec.statistic)
-        self._truth = truth
+        self._truth, self._level = truth, level
         self._order_est = (self.estimates if spec.order == "plan"
                            else LengthEstimates(num_rows, ema_decay=0.0, statistic="max"))
         self.plan = EpochPlan(self._order_est, batch_size=batch_size, bucket_size=spec.bucket_size,
@@ -126,11 +165,34 @@ class Policy:
         self.partial_resumes: dict[int, int] = {}  # rows whose partial group waits to be resumed -> resumes so far
         self.tail_cut = TailCut(spec.tail_cut) if spec.tail_cut < 1.0 else None
         self.epoch = -1
+        self.warm_rows = 0
+        if spec.warm_start != "none":
+            self.warm_rows = self._warm_start(previous, np.arange(num_rows) if row_ids is None else row_ids)
+
+    def _warm_start(self, previous: Trace, row_ids: np.ndarray) -> int:
+        """Seed the estimates (and a learning cap) from ``previous``; rows matched by row id, others stay unknown
+        and get the prior. Returns the rows seeded."""
+        where = {int(r): i for i, r in enumerate(np.asarray(row_ids).tolist())}
+        mine = np.array([where.get(int(r), -1) for r in previous.row_ids], np.int64)
+        shape = previous.lengths.shape
+        ok = np.broadcast_to((mine >= 0)[None, :, None], shape).ravel()
+        rows = np.broadcast_to(mine[None, :, None], shape).ravel()[ok]
+        epochs = np.broadcast_to(np.arange(previous.epochs)[:, None, None], shape).ravel()[ok]
+        lengths = previous.lengths.ravel()[ok]
+        censored = (previous.censored | previous.truncated).ravel()[ok]
+        first = epochs == 0 if self.spec.warm_epochs == "first" else np.ones(len(rows), bool)
+        seeded = self.estimates.warm_start(rows[first], lengths[first], censored[first], epochs[first])
+        if isinstance(self.cap, (CalibratedCap, BudgetCap)):  # calibrated on every epoch: it needs two or more
+            warm_start_cap(self.cap, rows, lengths, censored, epochs, response_length=self.response_length,
+                           ema_decay=self.spec.ema_decay, statistic=self.spec.statistic)
+        return seeded
 
     def start_epoch(self, epoch: int) -> None:
         if self.spec.order == "oracle":
             lengths = self._truth[epoch]
             self._order_est.update(np.repeat(np.arange(lengths.shape[0]), lengths.shape[1]), lengths.ravel())
+        elif self.spec.order == "level":
+            self._order_est.set_row_prior(np.exp(self._level[epoch]))
         self.plan.start_next_epoch()
         self.epoch = epoch
 
@@ -144,7 +206,12 @@ class Policy:
         predicted = self.estimates.get(rows, fill_prior=False)
         resumes = np.array([self.partial_resumes.pop(int(r)) + 1 if int(r) in self.partial_resumes else 0
                             for r in rows], np.int64)
-        return StepPlan(rows=rows, caps=self._caps(predicted), keep=keep, predicted=predicted, resumes=resumes)
+        expected = np.nan_to_num(self.estimates.get(rows), nan=0.0)
+        priority = None
+        if self.spec.priority == "longest_first":
+            priority = np.where(resumes > 0, RESUMED_PRIORITY, -expected)
+        return StepPlan(rows=rows, caps=self._caps(predicted), keep=keep, predicted=predicted, resumes=resumes,
+                        expected=expected, priority=priority)
 
     def _caps(self, predicted: np.ndarray) -> np.ndarray:
         """Per-row max_tokens; ``row`` scope asks the same cap formula about a batch of one row."""
@@ -183,8 +250,7 @@ class Policy:
                              response_length=self.response_length, aborted=stopped[kept].ravel())
         self.estimates.update(resp.rows, resp.lengths, resp.censored())
         if self.cap:
-            tails = group_tails(resp)
-            self.cap.observe(self.epoch, pred[np.argsort(rows)], tails.value, tails.censored)
+            self.cap.observe_step(self.epoch, resp)
         return resp
 
 
@@ -205,27 +271,27 @@ def make_policy(name: str, **kw) -> Policy:
 
 SEED_CAP = {"factor": 2.0, "min_tokens": 10000}
 _SEED = dict(order="plan", statistic="mean", ema_decay=0.7, bucket_size=1024)
-# best-onpolicy (bench/sim_sweep.py --groups onpolicy, reference trace, seeds 0-2): the fastest strictly on-policy
-# recipe.core composition the trainer can run (batch-scope cap) that truncates no more than the seed on every seed:
-# EMA 0.5 mean estimates, calibrated cap q=0.75. Its edge over the seed is nil within noise (1.236 vs 1.235 mean
-# speedup, 0.5 points less truncation; a change of the ordering's random tie-break alone moved such candidates by
-# +-0.03): every order + cap candidate sits on one speedup-vs-truncation curve. Statistic, EMA and bucket barely
-# matter; the cap is the lever.
-_ONPOLICY = dict(order="plan", statistic="mean", ema_decay=0.5, bucket_size=1024)
-ONPOLICY_CAP = {"quantile": 0.75}
-# best (bench/sim_sweep.py --groups continue --tradeoff, reference trace, seeds 0-2; bench/RESULTS.md): length-aware
-# order + over-sample ``continue`` (partial rollout), launch 2x, max_resumes=1 (at most 2 policy versions per trained
-# response), no cap. It clears the goal on the reference trace on every seed (+0.12..+0.13 speedup over seed,
-# truncation at or below baseline's) at the price of ~66% of trained tokens coming from the previous policy
-# version and ~19% of decoded tokens thrown away (groups lost again after their one resume restart). Ratio 1.0 is a
-# sharp optimum for max_resumes=1 (0.75: +0.11, 1.125: +0.04, 1.5: -0.15). A cap does not help (the calibrated one
-# changes nothing, the seed's exceeds the seed's truncation). max_resumes=2 (``best-max-resumes-2``, 3 versions) is
-# far stronger (+0.38, ~1% waste, clears the 1.5x moonshot) and also clears the goal on heavy_tail and bimodal,
-# where max_resumes=1 gets +0.12 and only +0.05..+0.08.
+_WARM = dict(warm_start="previous_run", warm_epochs="first")
+# best-onpolicy (bench/sim_sweep.py --groups onpolicy on the tuning trace seeds 10-14; reported on seeds 0-2, which
+# took no part in choosing it): the fastest strictly on-policy recipe.core composition the trainer can run whose
+# extra truncation over baseline stays <= 1 point on every tuning seed (1.199 mean speedup, +0.91 / +0.93 points;
+# the seed: 1.221, +1.76). Warm start from the earlier run's first epoch (its later epochs have drifted away:
+# seeding from all of them orders epoch 0 worse), EMA 0.3 (the estimator whose predictions rank each epoch's groups
+# best, bench/sim_sweep.py --groups estimators), the budget cap, and vLLM priority longest-first (it changes
+# nothing without a queue, and nothing measurable at a binding KV cache either: bench/sim_sweep.py --groups engine).
+ONPOLICY_EMA = 0.3
+ONPOLICY_BUDGET = 0.007
+ONPOLICY_CAP = {"budget": ONPOLICY_BUDGET}
+_ONPOLICY = dict(order="plan", statistic="mean", ema_decay=ONPOLICY_EMA, bucket_size=1024, priority="longest_first")
+# best (bench/sim_sweep.py --groups continue on the tuning seeds): length-aware order + over-sample ``continue``
+# (partial rollout), launch (1 + BEST_RATIO) x the prompts, max_resumes=1 (at most 2 policy versions per trained
+# response), no cap; the price is stale tokens (see stale_token_fraction) and work thrown away by restarts. Ratio
+# 1.0 is the top at max_resumes=1 on the tuning seeds (mean speedup 1.395; 0.75: 1.345, 1.25: 1.299).
 BEST_RATIO = 1.0
 BEST_MAX_RESUMES = 1
 RESTART_RATIO = 0.125
 UNBOUNDED_RESUMES = 10_000
+_BEST = dict(order="plan", statistic="mean", ema_decay=0.5, bucket_size=1024)
 
 register(PolicySpec("baseline", "verl RandomSampler: a new random order every epoch, no cap", order="random"))
 register(PolicySpec("baseline+seedcap", "random order with the seed's cap", order="random", cap="seed",
@@ -233,24 +299,39 @@ register(PolicySpec("baseline+seedcap", "random order with the seed's cap", orde
 register(PolicySpec("seed", "the seed: EMA 0.7 mean estimates, bucket 1024, block shuffle, cap 2x mean >= 10000",
                     **_SEED, cap="seed", cap_kwargs=SEED_CAP))
 register(PolicySpec("seed-nocap", "the seed's order without its cap", **_SEED))
+register(PolicySpec("seed-warm", "the seed warm-started from an earlier run's first epoch", **_SEED, **_WARM,
+                    cap="seed", cap_kwargs=SEED_CAP))
 register(PolicySpec("best", f"length-aware order (EMA 0.5 mean), no cap, launch {1 + BEST_RATIO:g}x the prompts, "
                     f"keep the first B groups, resume the others next step (continue, front), at most "
                     f"{BEST_MAX_RESUMES} resume(s) per group: off-policy tokens, see stale_token_fraction",
-                    **_ONPOLICY, oversample_ratio=BEST_RATIO, oversample_requeue="continue",
+                    **_BEST, oversample_ratio=BEST_RATIO, oversample_requeue="continue",
                     max_resumes=BEST_MAX_RESUMES))
 register(PolicySpec("best-max-resumes-2", "best with max_resumes=2: at most 3 policy versions per response",
-                    **_ONPOLICY, oversample_ratio=BEST_RATIO, oversample_requeue="continue", max_resumes=2))
-register(PolicySpec("best-onpolicy", "the best strictly on-policy policy: EMA 0.5 mean estimates, calibrated cap "
-                    "(batch max estimate x q0.75 of observed/predicted)", **_ONPOLICY, cap="calibrated",
-                    cap_kwargs=ONPOLICY_CAP))
-register(PolicySpec("best-onpolicy-nocap", "best-onpolicy's order without a cap", **_ONPOLICY))
-register(PolicySpec("oversample-restart", f"best-onpolicy's order, no cap, launch {100 * RESTART_RATIO:g}% more "
-                    "prompts, keep the first B groups, restart the others at the back of the epoch (on-policy, "
-                    "aborted tokens wasted)", **_ONPOLICY, oversample_ratio=RESTART_RATIO))
+                    **_BEST, oversample_ratio=BEST_RATIO, oversample_requeue="continue", max_resumes=2))
+register(PolicySpec("best-onpolicy", f"strictly on-policy: warm start from an earlier run's first epoch, EMA "
+                    f"{ONPOLICY_EMA} mean estimates, budget cap (expected extra truncation <= "
+                    f"{100 * ONPOLICY_BUDGET:g}% of the batch), vLLM priority longest-first", **_ONPOLICY, **_WARM,
+                    cap="budget", cap_kwargs=ONPOLICY_CAP))
+register(dataclasses.replace(POLICIES["best-onpolicy"], name="best-onpolicy-fcfs", priority="fcfs",
+                             description="best-onpolicy with vLLM's default FCFS scheduling (no priorities)"))
+register(PolicySpec("best-onpolicy-cold", "best-onpolicy without the warm start (no earlier run)", **_ONPOLICY,
+                    cap="budget", cap_kwargs=ONPOLICY_CAP))
+register(PolicySpec("onpolicy-order", "best-onpolicy's warm-started order and priorities without a cap",
+                    **_ONPOLICY, **_WARM))
+register(PolicySpec("calibrated", "EMA 0.5 mean estimates, calibrated cap (batch max estimate x q0.75 of observed/"
+                    "predicted group maxima): the previous best-onpolicy", order="plan", ema_decay=0.5,
+                    cap="calibrated", cap_kwargs={"quantile": 0.75}))
+register(PolicySpec("oversample-restart", f"length-aware order (EMA 0.5), no cap, launch {100 * RESTART_RATIO:g}% "
+                    "more prompts, keep the first B groups, restart the others at the back of the epoch (on-policy, "
+                    "aborted tokens wasted)", **_BEST, oversample_ratio=RESTART_RATIO))
 register(PolicySpec("partial-rollout-unbounded", f"best without the resume bound (max_resumes={UNBOUNDED_RESUMES})",
-                    **_ONPOLICY, oversample_ratio=BEST_RATIO, oversample_requeue="continue",
+                    **_BEST, oversample_ratio=BEST_RATIO, oversample_requeue="continue",
                     max_resumes=UNBOUNDED_RESUMES))
 register(PolicySpec("oracle", "order by this epoch's true group maxima, no cap (not realisable)", order="oracle"))
-register(PolicySpec("tailcut", "best-onpolicy's order and cap; end each step when 98% of its responses are done"
-                    " (needs a recipe/core piece)", **_ONPOLICY, cap="calibrated", cap_kwargs=ONPOLICY_CAP,
-                    tail_cut=0.98))
+register(PolicySpec("level-oracle", "order by each prompt's true level in this epoch, no cap (not realisable: a "
+                    "perfect estimate of the prompt, without the epoch's draws)", order="level"))
+# tailcut (bench/sim_sweep.py --groups tailcut, tuning seeds): the top qualifying tail cut + budget pair.
+register(PolicySpec("tailcut", "best-onpolicy's order with a smaller budget cap (0.4%), and each step ends when 98.5%"
+                    " of its responses are done, the rest aborted and trained as truncated (needs a recipe/core piece "
+                    "and the adapter's abort)", **_ONPOLICY, **_WARM, cap="budget", cap_kwargs={"budget": 0.004},
+                    tail_cut=0.985))

@@ -3,10 +3,12 @@
 Per step: the policy plans rows (+ cap, + how many groups to keep); each launched response generates
 ``min(desired, cap, response_length)`` tokens on the engine model; with over-sampling the step ends when the
 ``keep``-th group completes and the other requests are aborted with the tokens they had; the kept groups go back
-to the policy as the trainer would feed them. Epoch 0 has no estimates, so ratios are computed over later epochs.
+to the policy as the trainer would feed them. A cold epoch 0 has no estimates, so ratios are computed over later
+epochs; ``epoch0_speedup_vs_baseline`` reports epoch 0 on its own (what a warm start buys).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,9 @@ class StepRecord:
     resumed_responses: int = 0  # trained responses with tokens from an earlier step
     restarted_groups: int = 0  # aborted groups thrown away (restart mode, or continue past max_resumes)
     max_decoded: int = 0  # most tokens one request decoded in this step (with ``tokens``: what fit_engine needs)
+    requests: int = 0  # requests sent to the engine (responses with tokens left to generate)
+    preemptions: int = 0  # times the engine preempted one of them (KV cache full; vLLM's num_preemptions)
+    recomputed_tokens: int = 0  # prefill tokens spent again re-admitting preempted requests
 
 
 @dataclass
@@ -46,6 +51,8 @@ class PolicyRun:
     name: str
     spec: dict
     steps: list[StepRecord] = field(default_factory=list)
+    quality: list[dict] = field(default_factory=list)  # per epoch: how well the order's estimates predicted it
+    warm_rows: int = 0  # rows seeded from an earlier run before epoch 0
 
 
 @dataclass
@@ -108,6 +115,8 @@ class StepResult:
     kept: np.ndarray  # (rows,) groups trained this step (complete; the first ``plan.keep`` to complete)
     time_s: float  # rollout time of the step: until the ``keep``-th group completed (all groups if keep is None)
     lower_bound_s: float = 0.0  # the model's bound for decoding ``now`` (0 where unknown: a real engine)
+    preemptions: int = 0  # times the engine preempted a request (KV cache full)
+    recomputed_tokens: int = 0  # prefill tokens spent again re-admitting them (0 where unknown: a real engine)
 
 
 class ModelExecutor:
@@ -121,8 +130,12 @@ class ModelExecutor:
     def run_step(self, policy: Policy, plan, launch: StepLaunch, *, epoch: int, global_step: int) -> StepResult:
         todo = launch.todo
         live = todo > 0
+        n = todo.shape[1]
+        priority = None if plan.priority is None else np.repeat(plan.priority, n).reshape(todo.shape)[live]
+        outstanding = np.maximum(plan.expected[:, None] - launch.have, 1.0)[live]  # predicted tokens still to go
         timing = simulate_step(todo[live], self.engine, np.random.default_rng([self.seed, epoch, global_step]),
-                               context0=self.engine.prompt_len + launch.have[live])
+                               context0=self.engine.prompt_len + launch.have[live], priority=priority,
+                               predicted=outstanding, placement=policy.spec.placement)
         finish = np.zeros(todo.shape)
         finish[live] = timing.finish_time
         kept, t_end = np.ones(len(plan.rows), bool), timing.time_s
@@ -134,15 +147,18 @@ class ModelExecutor:
         now = todo.copy()
         if t_end < timing.time_s:
             now[live] = np.minimum(timing.tokens_by(t_end), todo[live])
-        return StepResult(now=now, kept=kept, time_s=t_end,
-                          lower_bound_s=step_lower_bound(now[live], self.engine))
+        return StepResult(now=now, kept=kept, time_s=t_end, lower_bound_s=step_lower_bound(now[live], self.engine),
+                          preemptions=int(timing.num_preempted.sum()),
+                          recomputed_tokens=timing.recomputed_tokens)
 
 
 def iter_policy(trace: Trace, name: str, executor, *, batch_size: int, seed: int = 0,
-                record_path: str | Path | None = None, run: PolicyRun | None = None) -> Iterator[StepRecord]:
+                record_path: str | Path | None = None, run: PolicyRun | None = None,
+                previous: Trace | None = None) -> Iterator[StepRecord]:
     """Replay every epoch of ``trace`` under policy ``name`` on ``executor``, one ``StepRecord`` per step (appended
     to ``run.steps`` when given); optionally write the trainer's JSONL trace. A generator, so a benchmark can
-    interleave several policies step by step on one engine.
+    interleave several policies step by step on one engine. ``previous``: the earlier run warm-started policies
+    seed their estimates from.
 
     Over-sampling: a group the controller restarts (``restart`` mode, or ``continue`` past ``max_resumes``) draws
     fresh responses when launched again (``Trace.attempt_lengths``) and its aborted tokens are wasted; a group it
@@ -150,12 +166,17 @@ def iter_policy(trace: Trace, name: str, executor, *, batch_size: int, seed: int
     (prompt + partial response, the rest of the length), and a finished response of such a group is kept as it is.
     """
     policy: Policy = make_policy(name, num_rows=trace.num_prompts, batch_size=batch_size,
-                                 response_length=trace.response_length, seed=seed, truth=trace.lengths)
+                                 response_length=trace.response_length, seed=seed, truth=trace.lengths,
+                                 level=trace.level, previous=previous, row_ids=trace.row_ids)
+    if run is not None:
+        run.warm_rows = policy.warm_rows
     writer = LengthTraceWriter(record_path) if record_path else None
     global_step = 0
     try:
         for epoch in range(trace.epochs):
             policy.start_epoch(epoch)
+            if run is not None:
+                run.quality.append(prediction_quality(policy.plan.estimates, trace.lengths[epoch].max(axis=1)))
             state = EpochState(trace, epoch)
             while not policy.epoch_finished():
                 plan = policy.plan_step()
@@ -179,7 +200,9 @@ def iter_policy(trace: Trace, name: str, executor, *, batch_size: int, seed: int
                     caps=plan.caps, spans=versions.max(axis=1), versions=versions.ravel(),
                     trained_tokens=int(produced[kept].sum()), stale_tokens=int(launch.have[kept].sum()),
                     resumed_responses=int((launch.have[kept] > 0).sum()),
-                    restarted_groups=int((~kept & ~plan.keep_partial).sum()), max_decoded=int(now.max(initial=0)))
+                    restarted_groups=int((~kept & ~plan.keep_partial).sum()), max_decoded=int(now.max(initial=0)),
+                    requests=int((launch.todo > 0).sum()), preemptions=res.preemptions,
+                    recomputed_tokens=res.recomputed_tokens)
                 global_step += 1
                 if writer:
                     _record(writer, trace, epoch, global_step, plan, produced, stopped, res.time_s)
@@ -192,13 +215,50 @@ def iter_policy(trace: Trace, name: str, executor, *, batch_size: int, seed: int
 
 
 def run_policy(trace: Trace, name: str, engine: EngineParams, *, batch_size: int, seed: int = 0,
-               record_path: str | Path | None = None) -> PolicyRun:
+               record_path: str | Path | None = None, previous: Trace | None = None) -> PolicyRun:
     """Replay every epoch of ``trace`` under policy ``name`` on the engine model (see ``iter_policy``)."""
     out = PolicyRun(name=name, spec=POLICIES[name].to_dict() if name in POLICIES else {})
     for _ in iter_policy(trace, name, ModelExecutor(engine, seed), batch_size=batch_size, seed=seed,
-                         record_path=record_path, run=out):
+                         record_path=record_path, run=out, previous=previous):
         pass
     return out
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks with ties averaged (what Spearman's correlation needs: many group maxima sit at the limit)."""
+    order = np.argsort(x, kind="stable")
+    sx = x[order]
+    first = np.concatenate([[True], sx[1:] != sx[:-1]])
+    group = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    ends = np.concatenate([starts[1:], [len(x)]])
+    out = np.empty(len(x))
+    out[order] = ((starts + ends - 1) / 2.0)[group]
+    return out
+
+
+def _top_share(x: np.ndarray, k: int) -> np.ndarray:
+    """Each row's membership of the top ``k`` of ``x``: 1 above the k-th largest value, the tied rows at that
+    value sharing what is left (random tie-breaking in expectation)."""
+    kth = np.sort(x)[::-1][k - 1]
+    above, tied = x > kth, x == kth
+    return np.where(above, 1.0, np.where(tied, (k - above.sum()) / tied.sum(), 0.0))
+
+
+def prediction_quality(estimates, group_max: np.ndarray) -> dict:
+    """How well the estimates an epoch is ordered by predict that epoch's true group maxima (the oracle's key):
+    Spearman's rank correlation, and ``top_decile_hit``: of the groups predicted in the top decile, the share whose
+    true maximum is in the epoch's top decile, ties included (about a fifth of the groups reach the response length,
+    all tied at the top: a perfect prediction scores 1, a random one about that fifth). NaN when nothing is known (a
+    cold epoch 0)."""
+    if not estimates.known.any():
+        return {"rank_corr": float("nan"), "top_decile_hit": float("nan")}
+    pred = np.asarray(estimates.filled(), dtype=np.float64)
+    truth = np.asarray(group_max, dtype=np.float64)
+    k = max(1, len(pred) // 10)
+    hit = float((_top_share(pred, k) * (truth >= np.sort(truth)[::-1][k - 1])).sum() / k)
+    corr = np.corrcoef(_ranks(pred), _ranks(truth))[0, 1]
+    return {"rank_corr": round(float(corr), 4), "top_decile_hit": round(hit, 4)}
 
 
 def _record(writer: LengthTraceWriter, trace: Trace, epoch: int, step: int, plan, produced: np.ndarray,
@@ -235,6 +295,12 @@ def summarize(run: PolicyRun, epochs: int, num_rows: int, baseline: PolicyRun | 
     the most policy versions a trained response spans, from the one that generated its first token to the one
     trained on it (``max_resumes + 1`` at most); ``mean_policy_versions_resumed``: their mean over the resumed
     responses; ``restarted_groups``: aborted groups thrown away and generated again from scratch.
+
+    KV cache: ``preemptions_per_request``: vLLM preemptions (KV cache full) per request sent;
+    ``recomputed_tokens_fraction``: prefill tokens recomputed for the preempted, over decoded tokens. Estimates:
+    ``prediction_rank_corr_per_epoch`` and ``top_decile_hit_per_epoch`` (``prediction_quality``; None where the
+    epoch had no estimates); ``epoch0_speedup_vs_baseline``: epoch 0 alone (cold unless the policy warm-starts,
+    ``warm_started_rows``).
     """
     warm = set(warm_epochs(epochs))
     ws = [s for s in run.steps if s.epoch in warm]
@@ -252,6 +318,13 @@ def summarize(run: PolicyRun, epochs: int, num_rows: int, baseline: PolicyRun | 
         if other is None:
             return None
         return round(sum(s.time_s for s in other.steps if s.epoch in warm) / total, 4)
+
+    def quality(key: str) -> list:
+        return [None if math.isnan(q[key]) else q[key] for q in run.quality]
+
+    epoch0 = None
+    if baseline is not None and epoch_times[0] > 0:
+        epoch0 = round(sum(s.time_s for s in baseline.steps if s.epoch == 0) / epoch_times[0], 4)
 
     return {
         "name": run.name,
@@ -282,6 +355,13 @@ def summarize(run: PolicyRun, epochs: int, num_rows: int, baseline: PolicyRun | 
         "mean_policy_versions_resumed": (round(float(versions[versions > 1].mean()), 2) if (versions > 1).any()
                                          else 1.0),
         "restarted_groups": sum(s.restarted_groups for s in ws),
+        "epoch0_speedup_vs_baseline": epoch0,
+        "warm_started_rows": run.warm_rows,
+        "preemptions_per_request": round(sum(s.preemptions for s in ws) / max(1, sum(s.requests for s in ws)), 5),
+        "recomputed_tokens_fraction": round(sum(s.recomputed_tokens for s in ws) / max(1, sum(s.tokens for s in ws)),
+                                            5),
+        "prediction_rank_corr_per_epoch": quality("rank_corr"),
+        "top_decile_hit_per_epoch": quality("top_decile_hit"),
         "prompts_trained_per_epoch": [int(len(np.unique(r))) for r in trained],
         "every_prompt_once_per_epoch": all(len(r) == num_rows and len(np.unique(r)) == num_rows for r in trained),
     }
@@ -293,11 +373,17 @@ def trace_lower_bound(trace: Trace, engine: EngineParams, batch_size: int) -> fl
 
 
 def simulate(trace: Trace, policies: list[str], engine: EngineParams, *, batch_size: int, seed: int = 0,
-             record_dir: str | None = None) -> dict:
+             record_dir: str | None = None, previous: Trace | None = None) -> dict:
     """Run ``policies`` (baseline always runs, the ratios need it) and return the report's policy entries;
-    ``record_dir`` receives ``<policy>.jsonl`` in the trainer's trace format (replaced if present)."""
+    ``record_dir`` receives ``<policy>.jsonl`` in the trainer's trace format (replaced if present). Warm-started
+    policies seed from ``previous`` (default: ``trace.previous_run()`` for a generated trace)."""
     if trace.num_prompts < batch_size:
         raise ValueError(f"{trace.num_prompts} prompts make no full batch of {batch_size}")
+    unknown = [nm for nm in policies if nm not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    if previous is None and any(POLICIES[nm].warm_start != "none" for nm in policies):
+        previous = trace.previous_run()
     # The trainer cuts the dataset to whole batches (drop_last); so does the simulator.
     trace = trace.subset(prompts=trace.num_prompts // batch_size * batch_size)
     names = list(dict.fromkeys(["baseline", *policies]))
@@ -307,7 +393,8 @@ def simulate(trace: Trace, policies: list[str], engine: EngineParams, *, batch_s
         for nm in names:
             paths[nm] = Path(record_dir) / f"{nm}.jsonl"
             paths[nm].unlink(missing_ok=True)  # the writer appends
-    runs = {nm: run_policy(trace, nm, engine, batch_size=batch_size, seed=seed, record_path=paths[nm]) for nm in names}
+    runs = {nm: run_policy(trace, nm, engine, batch_size=batch_size, seed=seed, record_path=paths[nm],
+                           previous=previous) for nm in names}
     base, oracle = runs["baseline"], runs.get("oracle")
     entries = [summarize(runs[nm], trace.epochs, trace.num_prompts, base, oracle) for nm in names
                if nm in policies or nm == "baseline"]

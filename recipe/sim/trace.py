@@ -134,6 +134,26 @@ class Trace:
             out[sel] = np.clip(np.rint(np.exp(log_len)), p["min_length"], self.response_length)
         return out
 
+    def previous_run(self, epochs: int | None = None) -> Trace:
+        """An earlier run on the same prompts from the same base model, to warm-start from (``epochs``: default as
+        many as this trace). Its epoch 0 shares this run's prompt levels (a property of base model and prompt); its
+        later epochs follow their own drift and random walk; every response is a fresh draw from its own seeded
+        stream. It never contains this run's responses, so a warm start cannot peek at the epochs being replayed."""
+        if self.level is None:
+            raise ValueError(f"trace {self.name!r} is recorded: warm-start it from a recording of an earlier run "
+                             "(--warm-start-from PATH.jsonl)")
+        p = self.params
+        e = int(epochs or self.epochs)
+        rng = np.random.default_rng([int(p["seed"]), 2])
+        walk = np.cumsum(p["epoch_sigma"] * rng.standard_normal((e, self.num_prompts)), axis=0)
+        walk[0] = 0.0
+        level = self.level[0][None, :] + np.arange(e)[:, None] * math.log(p["drift"]) + walk
+        log_len = level[:, :, None] + _within(rng, (e, self.num_prompts, self.n), p)
+        lengths = np.clip(np.rint(np.exp(log_len)), p["min_length"], self.response_length).astype(np.int64)
+        return Trace(name=f"{self.name}/previous-run", lengths=lengths, response_length=self.response_length,
+                     censored=np.zeros(lengths.shape, bool), row_ids=self.row_ids.copy(),
+                     params={**p, "epochs": e, "previous_run": True}, level=level)
+
     def subset(self, *, epochs: int | None = None, prompts: int | None = None, n: int | None = None) -> Trace:
         """The first ``epochs`` epochs, ``prompts`` rows and ``n`` samples (each at most what the trace has)."""
         e, p, k = (min(v, cur) if v else cur

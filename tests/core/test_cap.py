@@ -59,3 +59,54 @@ def test_calibrated_state_roundtrip():
 def test_make_cap_policy_rejects_unknown_mode():
     with pytest.raises(ValueError, match="cap mode"):
         make_cap_policy("tail", 1000)
+
+
+def _responses(rows, lengths, predicted, response_length=16384, caps=None):
+    from recipe.core.step_stats import StepResponses
+
+    rows = np.asarray(rows)
+    return StepResponses(rows=rows, lengths=lengths, caps=np.zeros(len(rows)) if caps is None else caps,
+                         predicted=predicted, response_length=response_length)
+
+
+def test_budget_cap_spends_the_budget_where_responses_would_not_hit_the_limit_anyway():
+    from recipe.core.cap import BudgetCap
+
+    cap = BudgetCap(16000, budget=0.05, align=1000, min_tokens=1000)
+    assert cap.cap_for_batch([2000.0]) is None  # nothing observed: no cap
+    ratios = np.concatenate([np.full(90, 1.0), np.full(10, 3.0)])  # 10% of responses run 3x their estimate
+    cap.observe_step(0, _responses(np.arange(100), 1000 * ratios, np.full(100, 1000.0)))
+    assert cap.extra_truncation([2000.0], [1000.0, 2000.0, 6000.0]).tolist() == pytest.approx([1.0, 0.1, 0.0])
+    assert cap.cap_for_batch([2000.0]) == 6000  # a cut below 6000 would truncate the 10% that end there
+    # estimate 6000: the long 10% reach 18000 > the limit, truncated anyway; the cap may cut down to the rest
+    assert cap.cap_for_batch([6000.0]) == 6000
+    assert cap.cap_for_batch([np.nan, 2000.0]) == 6000  # rows without an estimate are left out
+    loose = BudgetCap(16000, budget=0.2, align=1000, min_tokens=1000)
+    loose.load_state_dict(cap.state_dict())
+    assert loose.cap_for_batch([2000.0]) == 2000  # a larger budget buys the 10% truncation
+    with pytest.raises(ValueError, match="budget"):
+        BudgetCap(16000, budget=1.5)
+
+
+def test_calibrated_observe_step_uses_group_tails():
+    cal, ref = CalibratedCap(20000, quantile=1.0), CalibratedCap(20000, quantile=1.0)
+    cal.observe_step(0, _responses([3, 3, 1, 1], [100, 500, 200, 200], [250, 250, 100, 100]))
+    ref.observe(0, [100, 250], [200, 500], [False, False])  # rows sorted, tails = group maxima
+    assert cal.ratio() == ref.ratio() == 2.0
+
+
+def test_warm_start_cap_calibrates_on_the_earlier_runs_own_predictions():
+    from recipe.core.cap import WARM_EPOCH, BudgetCap, warm_start_cap
+
+    cal = CalibratedCap(20000, quantile=1.0, history_epochs=2)
+    rows, epochs = np.array([0, 0, 1, 1] * 2), np.repeat([0, 1], 4)
+    lengths = np.array([100, 100, 400, 400, 300, 300, 400, 400])
+    assert warm_start_cap(cal, rows, lengths, np.zeros(8, bool), epochs, response_length=20000, ema_decay=0.5,
+                          statistic="mean") == 4  # epoch 1 predicted from epoch 0
+    assert cal.ratio() == 3.0 and cal.cap_for_batch([1000.0]) == 4096  # 3000, floored
+    cal.observe(WARM_EPOCH + 2, [100], [100], [False])  # two epochs on, the warm calibration has aged out
+    assert cal.ratio() == 1.0
+    budget = BudgetCap(20000)
+    assert warm_start_cap(budget, rows[:4], lengths[:4], np.zeros(4, bool), epochs[:4], response_length=20000,
+                          ema_decay=0.5, statistic="mean") == 0  # one epoch: nothing to calibrate on
+    assert budget.cap_for_batch([1000.0]) is None

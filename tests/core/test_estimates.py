@@ -114,3 +114,57 @@ def test_exact_observation_replaces_a_lower_bound_estimate():
     assert est.value[1] == pytest.approx(0.7 * 300 + 0.3 * 100) and not est.censored[1]
     est.update([0], [200], censored=[True])  # a lower bound under an exact estimate changes nothing
     assert est.value[0] == 9000 and not est.censored[0]
+
+
+def test_warm_start_folds_an_earlier_run_in_epoch_order_with_censoring():
+    est = LengthEstimates(4, ema_decay=0.5)
+    rows = [0, 0, 1, 1, 0, 0, 1, 1, 2]
+    lengths = [100, 300, 1000, 1000, 400, 400, 500, 500, 50]
+    censored = [False, False, False, False, False, False, True, True, False]
+    epochs = [0, 0, 0, 0, 1, 1, 1, 1, 1]
+    assert est.warm_start(rows, lengths, censored, epochs) == 3
+    assert est.value[0] == pytest.approx(0.5 * 200 + 0.5 * 400)  # epoch 0 initialises, epoch 1 goes through the EMA
+    assert est.value[1] == 1000 and not est.censored[1]  # a lower bound (500, cut) below the estimate changes nothing
+    assert est.value[2] == 50 and np.isnan(est.value[3])
+    assert est.seen.tolist() == [True, True, True, False] and est.prior() == 300
+    assert est.get([3]).tolist() == [300]  # a row without a match gets the population prior
+    est.update([0, 0], [1000, 1000])  # this run's first observation continues the EMA from the warm value
+    assert est.value[0] == pytest.approx(0.5 * 300 + 0.5 * 1000)
+    with pytest.raises(RuntimeError, match="before the run's first update"):
+        est.warm_start([3], [10])
+
+
+def test_warm_start_without_epochs_pools_a_rows_responses_and_checks_shapes():
+    est = LengthEstimates(2, ema_decay=0.9)
+    est.warm_start([0, 0, 0, 1], [100, 200, 600, 80])
+    assert est.value.tolist() == [300, 80] and est.count.tolist() == [1, 1]
+    with pytest.raises(ValueError, match="one entry per response"):
+        LengthEstimates(2).warm_start([0, 1], [5.0])
+
+
+def test_row_prior_stands_in_until_observed_and_counts_as_known():
+    est = LengthEstimates(4)
+    assert not est.known.any() and np.isnan(est.prior())
+    assert est.set_row_prior([100.0, np.nan, 900.0, np.nan]) == 2
+    assert est.known.tolist() == [True, False, True, False] and not est.seen.any()
+    assert est.prior() == 500 and est.known_ratio() == 0.5
+    assert est.get([0, 1, 2]).tolist() == [100, 500, 900]
+    assert np.isnan(est.get([1], fill_prior=False)[0]) and est.get([2], fill_prior=False)[0] == 900
+    est.update([0, 0], [4000, 6000])  # an observation replaces the row's prior (no EMA with it)
+    assert est.get([0])[0] == 5000
+    other = LengthEstimates(4)
+    other.load_state_dict(est.state_dict())
+    assert np.array_equal(other.row_prior, est.row_prior, equal_nan=True)
+    for bad in ([1.0, 2.0], [1.0, -5.0, np.nan, 1.0], [1.0, np.inf, 1.0, 1.0]):
+        with pytest.raises(ValueError, match="row prior"):
+            LengthEstimates(4).set_row_prior(bad)
+
+
+def test_checkpoint_from_before_row_priors_still_loads():
+    est = LengthEstimates(2)
+    est.update([0], [10])
+    state = est.state_dict()
+    del state["row_prior"]
+    other = LengthEstimates(2)
+    other.load_state_dict(state)
+    assert other.value[0] == 10 and np.isnan(other.row_prior).all()

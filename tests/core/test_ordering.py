@@ -90,3 +90,21 @@ def test_within_bucket_shuffled_keeps_buckets_but_not_order_inside():
     assert not np.all(np.diff(est[order]) >= 0)  # but not sorted inside them
     with pytest.raises(ValueError, match="within_bucket"):
         length_sorted_order(est, epoch_rng(0, 1), batch_size=8, within_bucket="random")
+
+
+def test_warm_started_first_epoch_is_length_sorted():
+    est = LengthEstimates(8)
+    lengths = np.arange(8)[::-1] * 100.0 + 50
+    est.warm_start(np.repeat(np.arange(8), 2), np.repeat(lengths, 2))  # an earlier run of the same rows
+    plan = EpochPlan(est, batch_size=2, shuffle_batch_blocks=False, seed=3)
+    first = plan.start_next_epoch()
+    assert plan.epoch == 0 and plan.sorted_epoch and first.tolist() == list(range(7, -1, -1))
+
+
+def test_row_prior_orders_the_first_epoch_unknown_rows_in_the_middle():
+    est = LengthEstimates(5)
+    est.set_row_prior([5000.0, 100.0, np.nan, 3000.0, np.nan])  # prior = median(100, 3000, 5000) = 3000
+    plan = EpochPlan(est, batch_size=1, bucket_size=1, shuffle_batch_blocks=False, seed=0)
+    order = plan.start_next_epoch()
+    assert plan.sorted_epoch and order[0] == 1 and order[-1] == 0
+    assert sorted(order[1:4].tolist()) == [2, 3, 4]  # the unknown rows tie with row 3 at the prior

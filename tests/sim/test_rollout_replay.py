@@ -39,22 +39,30 @@ def test_help_and_dry_run_pipeline(tmp_path):
         sys.exit(rc)
     """
     run = subprocess.run([sys.executable, "-c", code, "--dry-run", "--prompts", "16", "--n", "2", "--batch-size",
-                          "4", "--epochs", "2", "--repeats", "2", "--max-len", "64", "--json", str(out),
-                          "--results", str(results)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          "4", "--epochs", "2", "--repeats", "2", "--kv-repeats", "1", "--kv-blocks", "4",
+                          "--max-len", "128", "--json", str(out), "--results", str(results)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     rep = json.loads(out.read_text())
     assert set(rep["policies"]) == {"baseline", "seed", "best", "best-onpolicy"}
-    # the dry run measures the model it then fits: the fit recovers a, b and the prediction equals the measurement
-    assert rep["fit"]["r2"] > 0.999 and rep["goal_met"] and rep["worst_rel_diff"] < 1e-3
-    for name, p in rep["policies"].items():
+    # the dry run measures the model it then fits on baseline steps only: the held-out fit recovers a, b and the
+    # prediction equals the measurement for every other policy
+    assert rep["fit_heldout"]["steps"] == 2 * 2 * 4 and rep["r2"]["heldout_on_all"] > 0.999
+    assert rep["goal_met"] and rep["worst_rel_diff_heldout"] < 1e-3
+    for p in rep["policies"].values():
         assert p["every_prompt_once_per_epoch"] and len(p["measured_speedup"]) == 2
-        assert abs(p["predicted_fit"] - p["measured_mean"]) < 2e-3
+        assert abs(p["predicted[held out: baseline steps]"] - p["measured_mean"]) < 2e-3
     assert rep["policies"]["best"]["max_policy_versions"] <= POLICIES["best"].max_resumes + 1
-    assert rep["trace"]["response_length"] == 64 and len(rep["steps"]) == 2 * 4 * 2 * 4
+    assert rep["trace"]["response_length"] == 128 and len(rep["steps"]) == 2 * 4 * 2 * 4
+    kv = rep["kv"]  # 4 blocks of 128 tokens for requests of up to 48 + 128: queueing and preemption, modelled
+    assert set(kv["policies"]) == {"baseline", "best-onpolicy-fcfs", "best-onpolicy"} and kv["block_size"] == 128
+    assert kv["baseline_time_s"] > rep["policies"]["baseline"]["measured_warm_time_s"][0]
+    assert sum(s["preemptions"] for s in kv["steps"]) > 0 and kv["worst_rel_diff_heldout"] < 1e-3
     text = results.read_text()
     assert text.startswith("# R\n\nbefore") and text.rstrip().endswith("after") and "old" not in text
-    assert "| best |" in text and text.count("<!-- rollout_replay:start -->") == 1
+    assert "| best |" in text and text.count("<!-- rollout_replay:start -->") == 1 and "KV run" in text
     assert "measured speedup" in run.stdout and "Reproduce:" in run.stdout
+    assert "[main run, repeat 1/2" in run.stderr and "epoch 1 step" in run.stderr  # progress as it goes
 
 
 def test_interleaving_rotates_and_gives_every_policy_all_its_steps():
@@ -92,8 +100,10 @@ def test_trace_and_policy_scaling():
         tr.scaled(20000)
     seed = POLICIES["seed"].scaled(1 / 64)
     assert seed.cap_kwargs == {"min_tokens": 156, "factor": 2.0} and seed.bucket_size == 16
-    cal = POLICIES["best-onpolicy"].scaled(1 / 64)
-    assert cal.cap_kwargs == {"align": 8, "min_tokens": 64, **ONPOLICY_CAP}
+    cal = POLICIES["calibrated"].scaled(1 / 64)
+    assert cal.cap_kwargs == {"align": 8, "min_tokens": 64, "quantile": 0.75}
+    budget = POLICIES["best-onpolicy"].scaled(1 / 64)
+    assert budget.cap_kwargs == {"align": 4, "min_tokens": 16, **ONPOLICY_CAP}
     best = POLICIES["best"].scaled(1 / 64)
     assert (best.oversample_ratio, best.oversample_requeue, best.max_resumes, best.cap) == (
         POLICIES["best"].oversample_ratio, "continue", POLICIES["best"].max_resumes, "none")

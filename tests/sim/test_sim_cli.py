@@ -4,6 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from recipe.sim.engine import KV_TOKENS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,23 +24,30 @@ def test_default_json_is_the_reference_run():
     tr = report["trace"]
     assert (tr["name"], tr["num_prompts"], tr["n"], tr["response_length"]) == ("reference", 1024, 16, 16384)
     assert tr["epochs"] >= 3 and report["batch_size"] == 32
-    assert {"decode_a", "decode_b", "replicas", "max_num_seqs"} <= set(report["engine"])
+    assert {"decode_a", "decode_b", "replicas", "max_num_seqs", "kv_tokens", "block_size"} <= set(report["engine"])
+    assert report["engine"]["kv_tokens"] == KV_TOKENS["h100"]
     names = [p["name"] for p in report["policies"]]
-    assert {"baseline", "seed", "best"} <= set(names)
+    assert names == ["baseline", "seed", "best-onpolicy", "best", "oracle"]
     for p in report["policies"]:
-        assert {"name", "epoch_times_s", "speedup_vs_baseline", "truncated_fraction", "prompts_trained_per_epoch",
-                "step_time_p50_s", "step_time_p95_s", "step_time_max_s", "tokens_per_s", "lower_bound_s"} <= set(p)
+        assert {"name", "epoch_times_s", "speedup_vs_baseline", "truncated_fraction", "stale_token_fraction",
+                "epoch0_speedup_vs_baseline", "preemptions_per_request", "prediction_rank_corr_per_epoch",
+                "prompts_trained_per_epoch", "step_time_p50_s", "tokens_per_s", "lower_bound_s"} <= set(p)
         assert len(p["epoch_times_s"]) == tr["epochs"] and p["prompts_trained_per_epoch"] == [1024] * tr["epochs"]
     assert report["policies"][0]["speedup_vs_baseline"] == 1.0
-    assert {"best_minus_seed_speedup", "moonshot"} <= set(report["goals"])
     by = {p["name"]: p for p in report["policies"]}
-    for p in report["policies"]:  # staleness of every policy: none for the on-policy ones
-        assert {"stale_token_fraction", "resumed_response_fraction", "max_policy_versions"} <= set(p)
     assert by["seed"]["max_policy_versions"] == 1 and by["seed"]["stale_token_fraction"] == 0
+    on = by["best-onpolicy"]  # strictly on-policy, warm-started from an earlier run, faster in epoch 0
+    assert on["max_policy_versions"] == 1 and on["stale_token_fraction"] == 0 and on["warm_started_rows"] == 1024
+    assert on["epoch0_speedup_vs_baseline"] >= 1.1 and by["seed"]["epoch0_speedup_vs_baseline"] == 1.0
     best = by["best"]
     assert best["spec"]["oversample_requeue"] == "continue"
-    assert best["max_policy_versions"] <= best["spec"]["max_resumes"] + 1
-    assert 0 < best["stale_token_fraction"] < 1 and report["goals"]["best_max_policy_versions"] == 2
+    assert best["max_policy_versions"] <= best["spec"]["max_resumes"] + 1 and 0 < best["stale_token_fraction"] < 1
+    goals = report["goals"]
+    assert {"best_minus_seed_speedup", "moonshot", "onpolicy"} <= set(goals)
+    o = goals["onpolicy"]
+    assert o["strictly_on_policy"] and o["warm_started"] and o["epoch0_at_least_1.1x"]
+    assert o["met"] == all(v for k, v in o.items() if isinstance(v, bool) and k != "met")
+    assert goals["moonshot"]["closest_onpolicy_policy"] and "onpolicy_gap" in goals["moonshot"]
 
 
 def test_options_record_and_replay(tmp_path):
@@ -57,3 +68,27 @@ def test_options_record_and_replay(tmp_path):
     assert table.returncode == 0 and table.stdout.count("\n| ") >= 3 and "moonshot" in table.stdout
     bad = sim("--policies", "nope")
     assert bad.returncode != 0 and "unknown policies" in bad.stderr
+    cold = sim("--trace", str(tmp_path / "baseline.jsonl"), "--batch-size", "16", "--policies", "best-onpolicy")
+    assert cold.returncode != 0 and "--warm-start-from" in cold.stderr  # a recording has no previous_run()
+    warm = sim("--json", "--trace", str(tmp_path / "seed.jsonl"), "--batch-size", "16", "--policies",
+               "best-onpolicy", "--warm-start-from", str(tmp_path / "baseline.jsonl"))
+    assert warm.returncode == 0, warm.stderr
+    assert {p["name"]: p for p in json.loads(warm.stdout)["policies"]}["best-onpolicy"]["warm_started_rows"] == 96
+
+
+def test_kv_capacity_options(capsys):
+    from recipe.sim.__main__ import main
+
+    def run(*extra):
+        assert main(["--json", "--prompts", "64", "--n", "4", "--epochs", "2", "--batch-size", "16", "--policies",
+                     "seed", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert run("--gpu", "h200")["engine"]["kv_tokens"] == KV_TOKENS["h200"]
+    small, free = run("--kv-tokens", "40000"), run("--kv-tokens", "0")
+    assert small["engine"]["kv_tokens"] == 40000 and free["engine"]["kv_tokens"] is None
+    by = lambda r: {p["name"]: p for p in r["policies"]}  # noqa: E731
+    assert by(small)["baseline"]["preemptions_per_request"] > 0 == by(free)["baseline"]["preemptions_per_request"]
+    assert by(small)["baseline"]["rollout_time_s"] > by(free)["baseline"]["rollout_time_s"]
+    with pytest.raises(SystemExit, match="kv_tokens"):
+        run("--kv-tokens", "8")

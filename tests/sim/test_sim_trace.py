@@ -110,3 +110,23 @@ def test_recorded_rules_by_hand(tmp_path):
     assert tr.censored[0].tolist() == [[True, False], [False, False]]
     assert tr.truncated[0].tolist() == [[False, False], [True, False]]
     assert T.load_recorded(path, censored_as="response_length").lengths[0, 0].tolist() == [100, 20]
+
+
+def test_previous_run_shares_the_prompt_levels_but_no_responses(tmp_path):
+    tr = T.generate("reference", num_prompts=512, n=8, epochs=3, seed=4)
+    prev = tr.previous_run()
+    assert prev.lengths.shape == tr.lengths.shape and np.array_equal(prev.row_ids, tr.row_ids)
+    assert np.array_equal(prev.lengths, tr.previous_run().lengths)  # seeded
+    assert not np.array_equal(prev.lengths, T.generate("reference", num_prompts=512, n=8, epochs=3,
+                                                       seed=5).previous_run().lengths)
+    for e in range(tr.epochs):  # never the replayed draws
+        assert (prev.lengths[0] == tr.lengths[e]).mean() < 0.05
+    assert np.array_equal(prev.level[0], tr.level[0])  # same base model: same prompt levels in epoch 0
+    assert not np.allclose(prev.level[2], tr.level[2])  # then each run drifts its own way
+    m = lambda x: np.log(x.mean(axis=1))  # noqa: E731
+    assert np.corrcoef(m(prev.lengths[0]), m(tr.lengths[0]))[0, 1] > 0.85
+    assert prev.epochs == 3 and tr.previous_run(epochs=1).epochs == 1
+    path = tmp_path / "t.jsonl"
+    run_policy(tr.subset(prompts=32, epochs=1), "baseline", EngineParams(), batch_size=16, record_path=str(path))
+    with pytest.raises(ValueError, match="warm-start"):
+        T.load_recorded(path).previous_run()
