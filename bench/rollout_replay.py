@@ -12,7 +12,8 @@ every length multiplied by ``max_len / 16384``), and the policies (default basel
 warm-started policies seed from ``Trace.previous_run()`` of the scaled trace. Only the executor differs:
 ``VLLMExecutor`` sends every response of a step to vLLM at once (the tiny Qwen3-MoE of ``recipe.testing.tiny``,
 ``ignore_eos=True``, ``max_tokens`` = what the response has left, the policy's per-request priority), so the forced
-lengths are the trace's. With over-sampling it waits until ``keep`` groups are complete, calls
+lengths are the trace's. With over-sampling it waits until ``keep`` groups are complete, with a tail cut until
+``TailCut.should_cut`` says so (counting finished responses as they return, the trainer's rule), then calls
 ``InProcessVLLM.abort_all()`` and keeps what every aborted request had generated: ``continue`` resumes those
 responses in a later step by sending prompt + partial tokens and asking for the rest (what the trainer's agent loop
 does), ``restart`` throws them away. The prefix cache is reset before every step (in training the weights change).
@@ -132,9 +133,11 @@ class VLLMExecutor:
         enough = asyncio.Event()
         if np.isfinite(completion).sum() >= keep:
             enough.set()
+        cut, finished, t_cut = policy.tail_cut, int((todo == 0).sum()), None  # no tail cut with over-sampling
         t0 = time.perf_counter()
 
         async def one(i: int, j: int) -> list[int]:
+            nonlocal finished, t_cut
             r = int(rows[i])
             params = SamplingParams(max_tokens=int(todo[i, j]), ignore_eos=True, detokenize=False,
                                     output_kind=RequestOutputKind.FINAL_ONLY)
@@ -146,6 +149,10 @@ class VLLMExecutor:
             out = final.outputs[0] if final is not None and final.outputs else None
             new = [] if out is None else list(out.token_ids)
             if out is not None and out.finish_reason == "length" and len(new) == todo[i, j]:
+                finished += 1
+                if cut is not None and t_cut is None and cut.should_cut(finished, todo.size, plan.cut_level):
+                    t_cut = time.perf_counter() - t0
+                    enough.set()
                 remaining[i] -= 1
                 if remaining[i] == 0:
                     completion[i] = time.perf_counter() - t0
@@ -157,7 +164,7 @@ class VLLMExecutor:
         tasks = [asyncio.ensure_future(one(i, j)) for i, j in live]
         await enough.wait()
         t_target = time.perf_counter() - t0
-        if plan.keep is not None:
+        if plan.keep is not None or t_cut is not None:
             await eng.abort_all()
         results = await asyncio.gather(*tasks)
         await eng.wait_until_idle()
@@ -167,7 +174,7 @@ class VLLMExecutor:
             now[i, j] = len(new)
             self.tokens[(int(rows[i]), j)] += new
         kept = policy.oversample.select(completion) if plan.keep is not None else np.ones(len(rows), bool)
-        return StepResult(now=now, kept=kept, time_s=float(completion[kept].max()))
+        return StepResult(now=now, kept=kept, time_s=t_cut if t_cut is not None else float(completion[kept].max()))
 
 
 def start_engine(max_num_seqs: int, max_model_len: int, **engine_args):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .core.cap import CAP_MODES
 from .core.estimates import parse_statistic
 from .core.ordering import WITHIN_BUCKET
 
@@ -22,9 +23,15 @@ ENV_OF_KEY = {
     "recipe.cap.factor": "VLLM_ROLLOUT_EARLY_STOP_FACTOR",
     "recipe.cap.min_tokens": "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS",
     "recipe.cap.mode": "VLLM_ROLLOUT_EARLY_STOP_MODE",
+    "recipe.cap.budget.budget": "VLLM_ROLLOUT_EARLY_STOP_BUDGET",
+    "data.sampler.init_from": "SAMPLER_INIT_FROM",
+    "data.sampler.prior_column": "SAMPLER_PRIOR_COLUMN",
     "recipe.over_sample.enable": "OVER_SAMPLE_ENABLE",
     "recipe.over_sample.ratio": "OVER_SAMPLE_RATIO",
     "recipe.over_sample.requeue": "OVER_SAMPLE_REQUEUE",
+    "recipe.tail_cut.enable": "TAIL_CUT_ENABLE",
+    "recipe.tail_cut.fraction": "TAIL_CUT_FRACTION",
+    "recipe.tail_cut.level_exponent": "TAIL_CUT_LEVEL_EXPONENT",
     "data.sampler.bucket_size": "SAMPLER_BUCKET_SIZE",
     "data.sampler.ema_decay": "SAMPLER_EMA_DECAY",
     "data.sampler.shuffle_batch_blocks": "SAMPLER_SHUFFLE_BATCH_BLOCKS",
@@ -116,22 +123,31 @@ class SamplerSettings:
     statistic: str
     seed: int
     within_bucket: str
+    init_from: str | None  # an earlier run's length_traces.jsonl (or its run directory): warm-started estimates
+    prior_column: str | None  # a train-file column of expected lengths per row
 
 
 @dataclass(frozen=True)
 class CapSettings:
     enabled: bool
-    mode: str  # seed | calibrated
+    mode: str  # seed | calibrated | budget
     factor: float
     min_tokens: int
     quantile: float
     history_epochs: int
     align: int
     calibrated_min_tokens: int
+    budget: float
+    budget_history_epochs: int
+    budget_align: int
+    budget_min_tokens: int
 
     def policy_kwargs(self) -> dict:
         if self.mode == "seed":
             return {"factor": self.factor, "min_tokens": self.min_tokens}
+        if self.mode == "budget":
+            return {"budget": self.budget, "history_epochs": self.budget_history_epochs, "align": self.budget_align,
+                    "min_tokens": self.budget_min_tokens}
         return {"quantile": self.quantile, "history_epochs": self.history_epochs, "align": self.align,
                 "min_tokens": self.calibrated_min_tokens}
 
@@ -147,6 +163,13 @@ class OverSampleSettings:
 
 
 @dataclass(frozen=True)
+class TailCutSettings:
+    enabled: bool
+    fraction: float  # end the step once this share of its responses is done
+    level_exponent: float  # a batch of level L (mean estimate / all rows' mean) may leave (1-fraction)*L**x unfinished
+
+
+@dataclass(frozen=True)
 class TraceSettings:
     enabled: bool
     path: str | None
@@ -157,6 +180,7 @@ class RecipeSettings:
     sampler: SamplerSettings
     cap: CapSettings
     over_sample: OverSampleSettings
+    tail_cut: TailCutSettings
     traces: TraceSettings
     response_length: int
     poll_interval_s: float  # verl's replay buffer: how often it polls TransferQueue for finished groups
@@ -188,6 +212,8 @@ def parse_sampler(cfg: Mapping) -> SamplerSettings:
         statistic=statistic,
         seed=as_int(s.get("seed", 0) if s.get("seed") is not None else 0, "data.sampler.seed"),
         within_bucket=str(s.get("within_bucket", "sorted")),
+        init_from=_optional_str(s.get("init_from")),
+        prior_column=_optional_str(s.get("prior_column")),
     )
     if out.within_bucket not in WITHIN_BUCKET:
         raise RecipeConfigError(
@@ -206,12 +232,17 @@ def parse_sampler(cfg: Mapping) -> SamplerSettings:
     return out
 
 
+def _optional_str(value: Any) -> str | None:
+    return None if value in (None, "", "null", "None") else str(value)
+
+
 def parse_cap(cfg: Mapping, sampler_enabled: bool) -> CapSettings:
     c = select(cfg, "recipe.cap", {}) or {}
     cal = c.get("calibrated", {}) or {}
+    bud = c.get("budget", {}) or {}
     mode = str(c.get("mode", "seed"))
-    if mode not in ("seed", "calibrated"):
-        raise RecipeConfigError(f"{_where('recipe.cap.mode')} must be 'seed' or 'calibrated', got {mode!r}")
+    if mode not in CAP_MODES:
+        raise RecipeConfigError(f"{_where('recipe.cap.mode')} must be one of {CAP_MODES}, got {mode!r}")
     out = CapSettings(
         enabled=as_bool(c.get("enable", False), "recipe.cap.enable"),
         mode=mode,
@@ -221,6 +252,10 @@ def parse_cap(cfg: Mapping, sampler_enabled: bool) -> CapSettings:
         history_epochs=as_int(cal.get("history_epochs", 3), "recipe.cap.calibrated.history_epochs", minimum=1),
         align=as_int(cal.get("align", 512), "recipe.cap.calibrated.align", minimum=1),
         calibrated_min_tokens=as_int(cal.get("min_tokens", 4096), "recipe.cap.calibrated.min_tokens", minimum=1),
+        budget=as_float(bud.get("budget", 0.007), "recipe.cap.budget.budget", low=0, high=0.999),
+        budget_history_epochs=as_int(bud.get("history_epochs", 3), "recipe.cap.budget.history_epochs", minimum=1),
+        budget_align=as_int(bud.get("align", 256), "recipe.cap.budget.align", minimum=1),
+        budget_min_tokens=as_int(bud.get("min_tokens", 1024), "recipe.cap.budget.min_tokens", minimum=1),
     )
     if out.enabled and not sampler_enabled:
         raise RecipeConfigError(
@@ -256,6 +291,24 @@ def parse_over_sample(cfg: Mapping, sampler_enabled: bool) -> OverSampleSettings
     return out
 
 
+def parse_tail_cut(cfg: Mapping, over_sample: OverSampleSettings, sampler_enabled: bool) -> TailCutSettings:
+    t = select(cfg, "recipe.tail_cut", {}) or {}
+    out = TailCutSettings(
+        enabled=as_bool(t.get("enable", False), "recipe.tail_cut.enable"),
+        fraction=as_float(t.get("fraction", 0.975), "recipe.tail_cut.fraction", low=0, low_open=True, high=1),
+        level_exponent=as_float(t.get("level_exponent", 1.25), "recipe.tail_cut.level_exponent", low=0),
+    )
+    if out.enabled and over_sample.enabled:
+        raise RecipeConfigError(
+            f"{_where('recipe.tail_cut.enable')}=1 with {_where('recipe.over_sample.enable')}=1: both abort a step's "
+            "last requests, one to train them truncated now, the other to re-queue them; choose one")
+    if out.enabled and out.level_exponent > 0 and not sampler_enabled:
+        raise RecipeConfigError(
+            f"{_where('recipe.tail_cut.level_exponent')}={out.level_exponent} needs the length-aware sampler's "
+            "estimates (the batch's level); set TAIL_CUT_LEVEL_EXPONENT=0 or enable the sampler")
+    return out
+
+
 def parse_settings(cfg: Mapping) -> RecipeSettings:
     """Parse and cross-check the recipe keys of a resolved config (a plain nested dict)."""
     sampler = parse_sampler(cfg)
@@ -270,11 +323,20 @@ def parse_settings(cfg: Mapping) -> RecipeSettings:
             f"{_where('data.train_batch_size')}={train_bs} is not a multiple of {_where('data.gen_batch_size')}="
             f"{batch_size}: verl fetches whole gen batches per step; make gen_batch_size divide train_batch_size"
         )
+    rollout = select(cfg, "actor_rollout_ref.rollout", {}) or {}
+    if rollout.get("scheduling_policy") == "priority" and as_bool(rollout.get("full_determinism", False),
+                                                                  "actor_rollout_ref.rollout.full_determinism"):
+        raise RecipeConfigError(
+            "actor_rollout_ref.rollout.scheduling_policy=priority (env ROLLOUT_SCHEDULING_POLICY) with "
+            "rollout.full_determinism=True: verl then names each request det-<priority>, and the recipe's priorities "
+            "repeat across a prompt's n responses; use recipe.sampling_seed (ROLLOUT_SAMPLING_SEED) for "
+            "reproducible rollouts instead")
     t = select(cfg, "recipe.traces", {}) or {}
     return RecipeSettings(
         sampler=sampler,
         cap=parse_cap(cfg, sampler.enabled),
-        over_sample=parse_over_sample(cfg, sampler.enabled),
+        over_sample=(over_sample := parse_over_sample(cfg, sampler.enabled)),
+        tail_cut=parse_tail_cut(cfg, over_sample, sampler.enabled),
         traces=TraceSettings(enabled=as_bool(t.get("enable", True), "recipe.traces.enable"), path=t.get("path")),
         response_length=response_length,
         poll_interval_s=as_float(select(cfg, "recipe.replay_buffer.poll_interval_s", 0.2),

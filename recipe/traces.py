@@ -10,6 +10,7 @@ report can all use it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -18,8 +19,9 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-FINISH_REASONS = ("eos", "length", "cap", "abort")
-TRUNCATED = frozenset({"length", "cap"})
+FINISH_REASONS = ("eos", "length", "cap", "cut", "abort")
+# stopped before their end and trained that way: the length limit, the cap, or the tail cut (recipe/core/tailcut.py)
+TRUNCATED = frozenset({"length", "cap", "cut"})
 TRACE_COLUMNS = (
     "epoch",
     "step",
@@ -44,7 +46,7 @@ def finish_reasons(
     1. ``"cap"``: ``length >= cap`` and the cap is binding (``cap < response_length``; a cap at or above the
        configured length changes nothing, so such responses count as ``"length"``);
     2. ``"length"``: ``length >= response_length``;
-    3. ``"abort"``: ``aborted[i]`` (the over-sampler cancelled it before any limit; its length is a lower bound);
+    3. ``"abort"``: ``aborted[i]`` (the over-sampler cancelled it before EOS or a limit; its length is a lower bound);
     4. ``"eos"``.
 
     Like verl's ``response_length/clip_ratio``, a response that emitted EOS exactly at the limit counts as truncated:
@@ -64,6 +66,13 @@ def finish_reasons(
         else:
             reasons.append("eos")
     return reasons
+
+
+def prompt_key(messages) -> str:
+    """A content key of a prompt (its messages as the train file holds them), recorded with every response, so that
+    an earlier run's traces can warm-start a run on a re-cut or re-ordered file of the same prompts."""
+    blob = json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
 def _finite_or_none(x) -> float | None:
@@ -104,12 +113,16 @@ class LengthTraceWriter:
         predicted: Sequence[float | None] | None = None,
         finish: Sequence[str] | None = None,
         aborted: Sequence[bool] | None = None,
+        prompt_keys: Sequence[str] | None = None,
+        num_preempted: Sequence[int | None] | None = None,
     ) -> dict:
         """Write and fsync the record for one step; returns it.
 
         ``finish`` defaults to ``finish_reasons(lengths, cap, response_length, aborted)``; pass it explicitly when
         the rollout reports real stop reasons. ``predicted`` (the sampler's estimate per response, NaN/None when
-        unknown) is stored with nulls for missing values. A ``cap`` of None or 0 means no cap.
+        unknown) is stored with nulls for missing values. A ``cap`` of None or 0 means no cap. ``prompt_keys``
+        (``prompt_key`` of each response's prompt) and ``num_preempted`` (vLLM's preemptions of each response's
+        request, None where the rollout does not report it) are stored when given.
         """
         n = len(lengths)
         if finish is None:
@@ -117,6 +130,10 @@ class LengthTraceWriter:
         if predicted is None:
             predicted = [None] * n
         per_response = {"rows": rows, "sample_index": sample_index, "finish": finish, "predicted": predicted}
+        if prompt_keys is not None:
+            per_response["prompt_keys"] = prompt_keys
+        if num_preempted is not None:
+            per_response["num_preempted"] = num_preempted
         for name, values in per_response.items():
             if len(values) != n:
                 raise ValueError(f"{name} has {len(values)} entries for {n} lengths (one per response expected)")
@@ -136,6 +153,10 @@ class LengthTraceWriter:
             "predicted": [_finite_or_none(p) for p in predicted],
             "time": time.time(),
         }
+        if prompt_keys is not None:
+            record["prompt_keys"] = [str(k) for k in prompt_keys]
+        if num_preempted is not None:
+            record["num_preempted"] = [None if p is None or p < 0 else int(p) for p in num_preempted]
         self._fp.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
         self._fp.flush()
         os.fsync(self._fp.fileno())

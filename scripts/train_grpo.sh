@@ -7,7 +7,7 @@
 #   PRESET=smoke bash scripts/train_grpo.sh      # tiny model, 1 GPU, no downloads
 #   bash scripts/train_grpo.sh                   # no MODEL_PATH, no GPU: PRESET=cpu, the recipe through verl on a CPU
 #
-# Every knob is an environment variable; the table (defaults, Hydra keys) is in the README and comes from
+# Every knob is an environment variable; the table (defaults, Hydra keys) is in docs/training.md and comes from
 # recipe/preflight/knobs.py (KNOBS); the preflight builds the Hydra overrides from them. Arguments are extra
 # Hydra overrides, applied after the ones built from the environment (last one wins).
 #

@@ -59,10 +59,14 @@ def verl_config(tiny_artifacts):
 
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_artifacts):
-    """One in-process vLLM CPU engine on the tiny model per session (startup ~25-60 s); shut down at the end."""
+    """One in-process vLLM CPU engine on the tiny model per session (startup ~25-60 s); shut down at the end.
+    32 sequences at a time: a step of more requests is capacity-bound (they queue)."""
     from recipe.testing.vllm_engine import InProcessVLLM
 
-    engine = InProcessVLLM(tiny_artifacts.model_dir, max_model_len=ENGINE_MAX_MODEL_LEN, max_num_seqs=32, seed=0)
+    # priority scheduling: with equal priorities it is vLLM's FCFS (ties go by arrival), and the priority test can
+    # order requests on the same engine
+    engine = InProcessVLLM(tiny_artifacts.model_dir, max_model_len=ENGINE_MAX_MODEL_LEN, max_num_seqs=32, seed=0,
+                           scheduling_policy="priority")
     engine.run(engine.generate_forced([[0, 1]], [8]))  # the first request pays a one-off warmup (3-20 s)
     yield engine
     engine.shutdown()

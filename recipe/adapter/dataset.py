@@ -9,6 +9,7 @@ import logging
 from omegaconf import ListConfig
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
+from ..traces import prompt_key
 from .fields import ROW_ID
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,18 @@ class LengthAwareRLHFDataset(RLHFDataset):
             "length-aware dataset: kept %d of %d train rows (dropped %d) to fill whole batches of %d",
             keep, total, total - keep, multiple,
         )
+
+    def prompt_keys(self) -> list[str]:
+        """``recipe.traces.prompt_key`` of every row's prompt, in row order (computed once)."""
+        if getattr(self, "_prompt_keys", None) is None or len(self._prompt_keys) != len(self.dataframe):
+            self._prompt_keys = [prompt_key(m) for m in self.dataframe[self.prompt_key]]
+        return self._prompt_keys
+
+    def column(self, name: str) -> list:
+        """A column of the loaded (and cut) train set, in row order."""
+        if name not in self.dataframe.column_names:
+            raise KeyError(name)
+        return list(self.dataframe[name])
 
     def __getitem__(self, item):
         row = super().__getitem__(item)

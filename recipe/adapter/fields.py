@@ -8,3 +8,4 @@ CAP = "response_max_tokens_cap"  # vLLM max_tokens for this row's responses; 0 =
 PREDICTION = "length_prediction"  # the row's length estimate when its batch was formed; NaN = none
 PARTIAL = "partial_rollout"  # JSON: where a re-queued row's partial responses wait in TransferQueue ("" = none)
 SEED = "sampling_seed"  # per-row base of vLLM's per-request sampling seed (recipe.sampling_seed); -1 = engine RNG
+PRIORITY = "priority"  # vLLM request priority (lower first): verl's SingleTurnAgentLoop.run takes it as a kwarg

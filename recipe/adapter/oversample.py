@@ -48,6 +48,11 @@ class Launch:
     extra: dict = field(default_factory=dict)
 
 
+def _sequences(column) -> list:
+    """The rows of a TransferQueue tensor column (nested: variable lengths)."""
+    return column.unbind() if getattr(column, "is_nested", False) else list(column)
+
+
 class OverSampleDriver:
     def __init__(self, controller: OverSampleController, *, rollout_n: int, stop_token_ids: set[int],
                  response_length: int, has_logprobs: bool, settle_timeout_s: float = 600.0,
@@ -147,23 +152,26 @@ class OverSampleDriver:
         if traj:
             fields = [ROW_ID, "responses", CAP, PREDICTION] + (["prompts"] if self.events_path else [])
             data = tq.kv_batch_get(keys=traj, partition_id=launch.partition_id, select_fields=fields)
+            responses = [r.tolist() for r in _sequences(data["responses"])]
             if self.events_path:
-                seqs = lambda v: v.unbind() if getattr(v, "is_nested", False) else list(v)  # noqa: E731
                 self.last_partial_tokens = {
-                    (k.rsplit("_", 2)[0], int(k.rsplit("_", 2)[1])): (r.tolist(), p.tolist())
-                    for k, r, p in zip(traj, seqs(data["responses"]), seqs(data["prompts"]))}
+                    (k.rsplit("_", 2)[0], int(k.rsplit("_", 2)[1])): (r, p.tolist())
+                    for k, r, p in zip(traj, responses, _sequences(data["prompts"]))}
             rows = column_to_numpy(data[ROW_ID], dtype=np.int64)
             # token counts, not response_mask sums (mask_stale_tokens zeroes a resumed response's older tokens)
             lengths = np.array([int(items[k]["response_len"]) for k in traj], dtype=np.int64)
             tokens = int(lengths.sum())
+            # a response of an aborted group that had already stopped (EOS) is complete: an exact length, traced
+            # as eos; the others were cut by the abort
+            cut = np.array([not (r and r[-1] in self.stop_token_ids) for r in responses], dtype=bool)
             self.last_aborted = StepResponses(
                 rows=rows, lengths=lengths, caps=column_to_numpy(data[CAP], dtype=np.int64),
                 predicted=column_to_numpy(data[PREDICTION], dtype=np.float64), response_length=self.response_length,
-                aborted=np.ones(len(rows), bool), sample_index=[int(k.rsplit("_", 2)[1]) for k in traj])
+                aborted=cut, sample_index=[int(k.rsplit("_", 2)[1]) for k in traj])
             # partial lengths are lower bounds: they may raise an estimate, never lower it
-            trainer.length_sampler.update(rows, lengths, censored=np.ones(len(rows), bool))
+            trainer.length_sampler.update(rows, lengths, censored=self.last_aborted.censored())
             if self.controller.requeue == "continue":
-                keep_uids = self._keep_partials(launch, traj, items, data["responses"])
+                keep_uids = self._keep_partials(launch, traj, items, responses)
                 kept_tokens = int(sum(n for k, n in zip(traj, lengths.tolist()) if k.split("_", 1)[0] in keep_uids))
         drop = [k for k in traj if k.split("_", 1)[0] not in keep_uids]
         tq.kv_clear(keys=sorted(leftover) + drop, partition_id=launch.partition_id)
@@ -173,12 +181,11 @@ class OverSampleDriver:
         """Register a ``PartialRef`` for each aborted group allowed another resume; returns their uids."""
         row_of = dict(zip(launch.uids, launch.rows.tolist()))
         cap_of = dict(zip(launch.uids, launch.extra["caps"].tolist()))
-        seqs = responses.unbind() if getattr(responses, "is_nested", False) else list(responses)
         by_uid: dict[str, dict[int, tuple[list[int], int]]] = {}
-        for key, seq in zip(traj, seqs):
+        for key, seq in zip(traj, responses):
             uid, session, _ = key.rsplit("_", 2)
             version = items[key].get("min_global_steps")
-            by_uid.setdefault(uid, {})[int(session)] = (seq.tolist(), version)
+            by_uid.setdefault(uid, {})[int(session)] = (seq, version)
         kept = set()
         for uid, sessions in by_uid.items():
             row = row_of[uid]

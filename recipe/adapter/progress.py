@@ -23,6 +23,8 @@ def progress_line(step: int, total_steps: int, m: Mapping) -> str:
         f"len {_f(m, 'response_length/mean', '.1f')} (max {_f(m, 'response_length/max', '.0f')})",
         f"cap {int(cap) if cap else 'off'} (hit {_f(m, 'rollout/cap_hit_ratio', '.0%')})",
     ]
+    if m.get("rollout/tail_cut/cut"):
+        parts.append(f"tail cut {_f(m, 'rollout/tail_cut/cut_responses', '.0f')} responses")
     if "rollout/over_sample/aborted_groups" in m:
         parts.append(f"aborted {_f(m, 'rollout/over_sample/aborted_groups', '.0f')} groups")
     val = sorted(k for k in m if k.startswith("val-core/") and "/mean@" in k)

@@ -11,6 +11,8 @@ Only small hook overrides, each pinned by tests/contract:
   instead of verl's 2 s: a sync step waits for the poll after its last group finishes (up to 2 s of idle replicas
   per step on the cluster; most of a step on a CPU) and an over-sampled step settles one poll after its B-th group.
 * ``_compute_metrics``: after verl's, prints one compact progress line (``recipe/adapter/progress.py``).
+* tail cut (``recipe.tail_cut.enable``): ``on_sample_begin`` starts watching the step, which is cut once enough of
+  it is done; ``on_sample_end`` stops the watch, ``on_step_end`` re-opens generation (``recipe/adapter/tail_cut.py``).
 * over-sampling (``recipe.over_sample.enable``): ``prepare_step`` launches the extra prompts, ``on_sample_end``
   aborts and re-queues the groups that lost the race before the replicas sleep, ``on_step_end`` resumes generation
   after the weight update (see ``recipe/adapter/oversample.py``).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import numpy as np
 import torch
@@ -32,18 +35,22 @@ from verl.utils.dataset.rl_dataset import collate_fn
 from ..core.cap import make_cap_policy
 from ..core.oversample import OverSampleController
 from ..core.seeds import row_seeds
-from ..core.step_stats import StepResponses, group_tails, step_metrics
+from ..core.tailcut import TailCut, batch_level
+from ..core.step_stats import StepResponses, step_metrics
 from ..settings import parse_settings
-from ..traces import LengthTraceWriter
+from ..traces import LengthTraceWriter, finish_reasons
 from .columns import column_to_numpy
-from .fields import CAP, PARTIAL, PREDICTION, ROW_ID, SEED
+from .fields import CAP, PARTIAL, PREDICTION, PRIORITY, ROW_ID, SEED
 from .oversample import OverSampleDriver
 from .progress import progress_line
 from .sampler import LengthAwareEpochSampler
+from .tail_cut import TailCutMonitor
+from .warm_start import WarmStartReport, warm_start
 
 logger = logging.getLogger(__name__)
 
 CAP_STATE_KEY = "cap_policy"
+RESUMED_PRIORITY = -(2**30)  # ahead of any predicted length
 OVER_SAMPLE_STATE_KEY = "over_sample"
 
 
@@ -62,6 +69,12 @@ class LengthAwareTrainer(PPOTrainerSync):
             self.trace_writer = LengthTraceWriter(
                 self.settings.traces.path or os.path.join(run_dir, "length_traces.jsonl"))
         self.over_sample: OverSampleDriver | None = None  # built with the dataloader (needs the tokenizer)
+        self.warm_start: WarmStartReport | None = None
+        tc = self.settings.tail_cut
+        self.tail_cut = (TailCutMonitor(TailCut(tc.fraction, tc.level_exponent), config.actor_rollout_ref.rollout.n)
+                         if tc.enabled else None)
+        self._launch: tuple[list[str], float] | None = None  # the last batch formed: its uids and its length level
+        self.priority_scheduling = config.actor_rollout_ref.rollout.get("scheduling_policy", "fcfs") == "priority"
 
     def _build_replay_buffer(self):
         buffer = super()._build_replay_buffer()
@@ -70,7 +83,8 @@ class LengthAwareTrainer(PPOTrainerSync):
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
-        print(progress_line(global_steps, self.total_training_steps, metrics), flush=True)
+        # stderr: wandb's console capture swallows the actor's stdout once it starts, and Ray forwards stderr too
+        print(progress_line(global_steps, self.total_training_steps, metrics), file=sys.stderr, flush=True)
 
     # -- dataloader ------------------------------------------------------------------------------------------------
     def _init_dataloader(self):
@@ -78,6 +92,9 @@ class LengthAwareTrainer(PPOTrainerSync):
         if not self.settings.sampler.enabled:
             return
         self.length_sampler = LengthAwareEpochSampler.from_settings(self.train_dataset, self.settings)
+        self.warm_start = warm_start(self.length_sampler.estimates, self.cap_policy, self.train_dataset, self.settings)
+        if self.warm_start is not None:
+            print(f"[recipe] {self.warm_start.line(self.length_sampler.num_rows)}", file=sys.stderr, flush=True)
         os_cfg = self.settings.over_sample
         if os_cfg.enabled:
             rollout = self.config.actor_rollout_ref.rollout
@@ -141,7 +158,36 @@ class LengthAwareTrainer(PPOTrainerSync):
             batch[SEED] = torch.as_tensor(row_seeds(self.settings.sampling_seed, self._fetch_epoch(), rows))
         if self.over_sample is not None and self.over_sample.controller.requeue == "continue":
             tu.assign_non_tensor_stack(batch, PARTIAL, self.over_sample.partial_for(rows))
+        if self.tail_cut is not None:
+            self._launch = ([str(u) for u in batch["uid"]], self._batch_level(pred))
+        if self.priority_scheduling:
+            priorities = self.row_priorities(rows)
+            batch[PRIORITY] = torch.as_tensor(priorities, dtype=torch.int64)
+            # Dispatched in priority order too: verl's agent-loop worker sends a batch's requests row by row, and
+            # the first to arrive fill vLLM's free slots before the later ones are even waiting to be ordered.
+            batch = batch[torch.as_tensor(np.argsort(priorities, kind="stable"))]
         return batch
+
+    def _batch_level(self, pred: np.ndarray) -> float:
+        """The batch's mean estimate over all known rows' mean (1.0 without estimates): the tail cut's level."""
+        if self.length_sampler is None:
+            return 1.0
+        return batch_level(pred, self.length_sampler.estimates.get(np.arange(self.length_sampler.num_rows),
+                                                                  fill_prior=False))
+
+    def row_priorities(self, rows: np.ndarray) -> np.ndarray:
+        """vLLM priorities (lower runs first) with ``rollout.scheduling_policy=priority``: longest predicted first,
+        so a step's long responses start before its short ones instead of queueing behind them; groups resumed from
+        their partial responses (over-sample ``continue``) before everything. Strictly on-policy (it only orders).
+        The batch is also dispatched in this order (``_next_train_batch``)."""
+        if self.length_sampler is None:
+            return np.zeros(len(rows), np.int64)
+        pred = self.length_sampler.estimates.get(rows, fill_prior=True)
+        pri = -np.nan_to_num(pred, nan=0.0).round().astype(np.int64)
+        if self.over_sample is not None:
+            resumed = np.array([r in self.over_sample.partials for r in rows.tolist()], bool)
+            pri[resumed] = RESUMED_PRIORITY
+        return pri
 
     def _fetch_epoch(self) -> int:
         """The epoch the rows just fetched belong to."""
@@ -156,16 +202,26 @@ class LengthAwareTrainer(PPOTrainerSync):
         self.over_sample.launch(self)
         return {}
 
+    def on_sample_begin(self):
+        super().on_sample_begin()
+        if self.tail_cut is not None and self._launch is not None:
+            uids, level = self._launch
+            self.tail_cut.start(self.checkpoint_manager, uids, level)
+
     def on_sample_end(self):
         if self.over_sample is not None:
             self.over_sample.settle(self)
             self.length_sampler.extra_state[OVER_SAMPLE_STATE_KEY] = self.over_sample.state_dict()
+        if self.tail_cut is not None and self._launch is not None:
+            self.tail_cut.stop(len(self._launch[0]) * self.config.actor_rollout_ref.rollout.n)
         super().on_sample_end()
 
     def on_step_end(self):
         super().on_step_end()
         if self.over_sample is not None:
             self.over_sample.resume(self)
+        if self.tail_cut is not None:
+            self.tail_cut.resume(self.checkpoint_manager)
 
     # -- after each step -------------------------------------------------------------------------------------------
     def step(self, metrics, timing_raw):
@@ -173,6 +229,8 @@ class LengthAwareTrainer(PPOTrainerSync):
         metrics.update(self.observe_batch(batch, gen_time_s=float(timing_raw.get("gen", 0.0))))
         if self.over_sample is not None:
             metrics.update(self.over_sample.last_metrics)
+        if self.tail_cut is not None:
+            metrics.update(self.tail_cut.last_metrics)
         return batch
 
     def observe_batch(self, batch, gen_time_s: float) -> dict:
@@ -185,7 +243,8 @@ class LengthAwareTrainer(PPOTrainerSync):
         if not real:
             return {}
         keys = [k for k, _ in real]
-        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=[ROW_ID, CAP, PREDICTION])
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
+                               select_fields=[ROW_ID, CAP, PREDICTION, "metrics"])
         resp = StepResponses(
             rows=column_to_numpy(data[ROW_ID], dtype=np.int64),
             lengths=np.array([int(tag["response_len"]) for _, tag in real], dtype=np.int64),
@@ -193,9 +252,17 @@ class LengthAwareTrainer(PPOTrainerSync):
             predicted=column_to_numpy(data[PREDICTION], dtype=np.float64),
             response_length=self.settings.response_length,
             sample_index=[int(k.rsplit("_", 2)[1]) for k in keys],  # keys are {uid}_{session}_{turn}
+            num_preempted=preemptions(data),
+            # stopped by the tail cut: lower bounds, like a cap hit (StepResponses.censored)
+            aborted=self._cut_mask(keys),
         )
         aborted = self.over_sample.last_aborted if self.over_sample is not None else None
         return self.observe(resp, gen_time_s=gen_time_s, aborted=aborted)
+
+    def _cut_mask(self, keys: list[str]) -> np.ndarray | None:
+        """Per trained response: stopped by this step's tail cut (None when the step was not cut)."""
+        done = self.tail_cut.done_at_cut if self.tail_cut is not None else None
+        return None if done is None else np.array([k not in done for k in keys], bool)
 
     def observe(self, resp: StepResponses, gen_time_s: float, aborted: StepResponses | None = None) -> dict:
         """Update estimates and cap calibration from one step's trained responses; return the step's recipe metrics.
@@ -207,16 +274,15 @@ class LengthAwareTrainer(PPOTrainerSync):
             obs = self.length_sampler.update(resp.rows, resp.lengths, resp.censored())
             epoch = self.length_sampler.plan.epoch
             if self.cap_policy is not None:
-                tails = group_tails(resp)
-                first = np.unique(resp.rows, return_index=True)[1]
-                pred_of = dict(zip(resp.rows[first].tolist(), resp.predicted[first].tolist()))
-                pred = np.array([pred_of[r] for r in tails.rows.tolist()])
-                self.cap_policy.observe(epoch, pred, tails.value, tails.censored)
+                self.cap_policy.observe_step(epoch, resp)
                 self.length_sampler.extra_state[CAP_STATE_KEY] = self.cap_policy.state_dict()
         m = step_metrics(resp, obs)
         m["sampler/epoch"] = float(epoch)
         if self.length_sampler is not None:
             m["sampler/seen_ratio"] = self.length_sampler.estimates.seen_ratio()
+            m["sampler/known_ratio"] = self.length_sampler.estimates.known_ratio()
+        if self.warm_start is not None:
+            m["sampler/warm_started_rows"] = float(self.warm_start.rows)
         if self.trace_writer is not None:
             self._append_trace(int(epoch), resp, aborted, gen_time_s)
         return m
@@ -225,18 +291,36 @@ class LengthAwareTrainer(PPOTrainerSync):
         parts = [resp] + ([aborted] if aborted is not None and len(aborted.rows) else [])
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
         samples = [p.sample_index if p.sample_index is not None else _sample_index(p.rows) for p in parts]
+        keys = self.train_dataset.prompt_keys()
+        preempted = [p.num_preempted if p.num_preempted is not None else np.full(len(p.rows), -1) for p in parts]
+        cap = int(resp.caps.max()) or None
+        finish = [("cut" if f == "abort" else f) for f in finish_reasons(resp.lengths, cap, resp.response_length,
+                                                                          resp.aborted)]
+        if len(parts) > 1:
+            finish += finish_reasons(aborted.lengths, cap, aborted.response_length, aborted.aborted)
         self.trace_writer.append(
+            finish=finish,
+            prompt_keys=[keys[r] for r in cat("rows").tolist()],
+            num_preempted=np.concatenate(preempted).tolist() if resp.num_preempted is not None else None,
             epoch=epoch,
             step=int(self.global_steps),
-            cap=int(resp.caps.max()) or None,
+            cap=cap,
             response_length=self.settings.response_length,
             gen_time_s=gen_time_s,
             rows=cat("rows").tolist(),
             sample_index=np.concatenate(samples).tolist(),
             lengths=cat("lengths").astype(int).tolist(),
             predicted=[None if not np.isfinite(p) else float(p) for p in cat("predicted")],
-            aborted=[False] * len(resp.rows) + [True] * (len(parts[1].rows) if len(parts) > 1 else 0),
         )
+
+
+def preemptions(data) -> np.ndarray | None:
+    """vLLM's preemptions of each trajectory's request (verl's per-sample ``metrics.num_preempted``; -1 where the
+    rollout does not report it), or None when the records carry no metrics at all."""
+    if "metrics" not in data.keys():
+        return None
+    values = [m.get("num_preempted") if isinstance(m, dict) else None for m in list(data["metrics"])]
+    return np.array([-1 if v is None else int(v) for v in values], np.int64)
 
 
 def stop_token_ids(tokenizer) -> set[int]:

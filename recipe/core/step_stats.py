@@ -22,6 +22,7 @@ class StepResponses:
     response_length: int  # configured rollout.response_length
     aborted: np.ndarray | None = None  # bool per response (over-sample aborts)
     sample_index: np.ndarray | None = None  # 0..n-1 within the row's group (verl's session id)
+    num_preempted: np.ndarray | None = None  # vLLM's preemptions of each response's request, -1 = not reported
 
     def __post_init__(self):
         self.rows = np.asarray(self.rows, dtype=np.int64).reshape(-1)
@@ -35,7 +36,9 @@ class StepResponses:
             self.aborted = np.asarray(self.aborted, dtype=bool).reshape(-1)
         if self.sample_index is not None:
             self.sample_index = np.asarray(self.sample_index, dtype=np.int64).reshape(-1)
-        for name in ("aborted", "sample_index"):
+        if self.num_preempted is not None:
+            self.num_preempted = np.asarray(self.num_preempted, dtype=np.int64).reshape(-1)
+        for name in ("aborted", "sample_index", "num_preempted"):
             if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"{name} must have one entry per response")
 
@@ -49,7 +52,7 @@ class StepResponses:
 
 
 def step_metrics(resp: StepResponses, obs: GroupObservation | None) -> dict[str, float]:
-    """The recipe's per-step metrics (see README "Metrics")."""
+    """The recipe's per-step metrics (docs/design.md, "Metrics and traces")."""
     m: dict[str, float] = {}
     n = len(resp.lengths)
     if n == 0:

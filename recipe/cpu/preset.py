@@ -6,7 +6,7 @@ replica that verl starts itself (``configs/length_aware_grpo_cpu.yaml``), with t
 and (with ``OVER_SAMPLE_ENABLE=1``) over-sampling, exactly the recipe code of the GPU cluster. Its reward is a smoke
 task (``reward/smoke_reward.py``: digit density), not math: a random model cannot learn arithmetic in minutes.
 
-Sizing: 64 prompts, batch 8 x 4 responses of at most 32 tokens, 3 epochs of 8 steps (24 steps). A random model
+Sizing: 48 prompts, batch 8 x 4 responses of at most 32 tokens, 3 epochs of 6 steps (18 steps). A random model
 rarely emits its stop token, so nearly every response runs to the length limit; the cap's factor is 0.5 so that
 from epoch 1 on it visibly halves the responses (``rollout/response_max_tokens_cap`` 16). What a CPU run proves and
 what it cannot is listed in ``docs/cpu-run.md``.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-N_TRAIN, N_TEST = 64, 8
+N_TRAIN, N_TEST = 48, 8
 CONFIG_NAME = "length_aware_grpo_cpu"
 
 # verl's CPU platform (recipe/cpu/verl_platform.py) in every process; the FSDP engine is registered for device
@@ -51,8 +51,11 @@ CPU_VALUES = {
     "MAX_PROMPT_LENGTH": "96",
     "MAX_RESPONSE_LENGTH": "32",
     "TOTAL_EPOCHS": "3",
+    # one micro-batch per pass: the default token budget (one longest sequence) splits a CPU step into dozens
+    "ACTOR_PPO_MAX_TOKEN_LEN_PER_GPU": "8192",
+    "LOG_PROB_MAX_TOKEN_LEN_PER_GPU": "8192",
     "ACTOR_LR": "5e-3",  # a tiny model and a dense reward: visible progress within a few dozen steps
-    "TRAINER_TEST_FREQ": "8",
+    "TRAINER_TEST_FREQ": "6",
     "TRAINER_VAL_BEFORE_TRAIN": "1",
     "TRAINER_LOGGER": "file,wandb",  # the recipe prints a compact line per step; verl's console line has ~150 keys
     "VLLM_ROLLOUT_EARLY_STOP_FACTOR": "0.5",

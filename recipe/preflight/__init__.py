@@ -13,7 +13,7 @@ through ``recipe.main.prepare_config`` (recipe settings + verl's ``validate_conf
 verl does not check: Megatron's parallel layout rules, the model's ``config.json``, the dist checkpoint, the
 parquet schemas, the rollout layout and batch divisibility.
 
-``KNOBS`` is the single source of the variables, their defaults and the keys they set; the README table is
+``KNOBS`` is the single source of the variables, their defaults and the keys they set; docs/training.md's table is
 generated from it (``python -m recipe.preflight --env-table``).
 
 Modules: :mod:`.knobs` (the variables), :mod:`.env` (phase 1), :mod:`.overrides`, :mod:`.compose` (phase 2), one
@@ -40,6 +40,7 @@ from .report import PreflightReport, dump, format_report, summary_table, write_p
 from .reward import check_reward
 from .rollout import check_rollout
 from .stack import check_stack
+from .warm_start import check_warm_start
 
 __all__ = ["KNOB", "KNOBS", "Knob", "PreflightReport", "RunPaths", "build_overrides", "distcp_problem", "dump",
            "env_table_markdown", "format_report", "parse_env", "run_paths", "run_preflight", "write_plan"]
@@ -99,6 +100,7 @@ def _check_config(cfg, values: dict, report: PreflightReport) -> None:
     cap_note(c, notes)
     check_data(c, select(c, "data.train_batch_size"), errors, notes)
     check_reward(c, errors)
+    check_warm_start(c, errors, notes)
     if megatron:
         report.smoke_convert = check_distcp(c, values["PRESET"] == "smoke", errors, notes)
     if not errors:

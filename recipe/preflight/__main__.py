@@ -1,4 +1,4 @@
-"""``python -m recipe.preflight``: the preflight of ``scripts/train_grpo.sh``, the README table, parsed defaults."""
+"""``python -m recipe.preflight``: the preflight of ``scripts/train_grpo.sh``, the variables' table, their defaults."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +13,7 @@ from . import KNOB, __doc__ as PACKAGE_DOC, dump, env_table_markdown, format_rep
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipe.preflight", description=PACKAGE_DOC.split("\n\n")[0])
     ap.add_argument("--plan-out", help="write the bash launch plan here (scripts/train_grpo.sh)")
-    ap.add_argument("--env-table", action="store_true", help="print the README table of variables and exit")
+    ap.add_argument("--env-table", action="store_true", help="print the table of variables (docs/training.md) and exit")
     ap.add_argument("--print-env", nargs="+", metavar="VAR", help="print VAR=value (parsed or default) and exit")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, applied last")
     args = ap.parse_args(argv)

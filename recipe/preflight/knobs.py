@@ -1,7 +1,7 @@
 """The environment variables of ``scripts/train_grpo.sh``: :data:`KNOBS`, their defaults and the keys they set.
 
 ``KNOBS`` is the single source of the variables; :mod:`.env` parses them, :mod:`.overrides` turns them into Hydra
-overrides, and the README table is generated from it (:func:`env_table_markdown`, ``python -m recipe.preflight
+overrides, and docs/training.md's table is generated from it (:func:`env_table_markdown`, ``python -m recipe.preflight
 --env-table``).
 """
 from __future__ import annotations
@@ -21,12 +21,12 @@ RAY_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
 
 @dataclass(frozen=True)
 class Knob:
-    """One environment variable: how to parse it, its default, and what it sets (for messages and the README)."""
+    """One environment variable: how to parse it, its default, and what it sets (for messages and docs/training.md)."""
 
     env: str
     kind: str  # bool | int | opt_int | float | str | choice | path | path_or_none | paths | script (bash only)
     default: str | Callable[[dict], Any] | None  # None: required (or unset for script knobs)
-    sets: str  # Hydra key(s) or effect, for the README table
+    sets: str  # Hydra key(s) or effect, for the table in docs/training.md
     doc: str
     default_doc: str = ""  # how a computed default is shown in the table
     minimum: float | None = None
@@ -68,8 +68,14 @@ def _experiment_name(v: dict) -> str:
             variant += "-nocap"
         elif v["VLLM_ROLLOUT_EARLY_STOP_MODE"] == "calibrated":
             variant += "-calcap"
+        elif v["VLLM_ROLLOUT_EARLY_STOP_MODE"] == "budget":
+            variant += "-budgetcap"
+        if v["SAMPLER_INIT_FROM"] != "none" or v["SAMPLER_PRIOR_COLUMN"]:
+            variant += "-warm"
         if v["OVER_SAMPLE_ENABLE"]:
             variant += "-os"
+        if v["TAIL_CUT_ENABLE"]:
+            variant += "-tailcut"
     model = v["PRESET"] if v["PRESET"] else re.sub(r"[^a-z0-9._-]+", "-", Path(v["MODEL_PATH"]).name.lower())
     return f"{model}-grpo-{variant}"
 
@@ -168,6 +174,9 @@ KNOBS: tuple[Knob, ...] = (
          minimum=1, group=_G_ROLLOUT),
     Knob("ROLLOUT_MAX_NUM_BATCHED_TOKENS", "int", _prompt_plus_response, f"{ARR}.rollout.max_num_batched_tokens",
          "tokens per vLLM scheduler step (chunked prefill)", default_doc=_P_PLUS_R, minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_SCHEDULING_POLICY", "choice", "fcfs", f"{ARR}.rollout.scheduling_policy", "vLLM's scheduler: "
+         "`fcfs`, or `priority`: the recipe starts each step's longest-predicted responses first (resumed partial "
+         "groups before all)", choices=("fcfs", "priority"), group=_G_ROLLOUT),
     Knob("BASELINE_NO_RESAMPLE", "bool", "0", "data.sampler.class_path=null, recipe.cap.enable=0, "
          "data.shuffle=True", "the fair baseline arm: verl's seeded random order, no cap, everything else as in the "
          "resampler arm (ignores the cap and sampler variables)", group=_G_RECIPE),
@@ -177,8 +186,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("VLLM_ROLLOUT_EARLY_STOP_ENABLE", "bool", "1", "recipe.cap.enable", "per-batch response cap (vLLM "
          "max_tokens)", group=_G_RECIPE),
     Knob("VLLM_ROLLOUT_EARLY_STOP_MODE", "choice", "seed", "recipe.cap.mode", "`seed`: min(response, max(MIN_TOKENS, "
-         "FACTOR x estimate)); `calibrated`: from recent under-prediction", choices=("seed", "calibrated"),
+         "FACTOR x estimate)); `calibrated`: from recent under-prediction; `budget`: the lowest cap that truncates at "
+         "most BUDGET more of the batch than the length limit would", choices=("seed", "calibrated", "budget"),
          group=_G_RECIPE),
+    Knob("VLLM_ROLLOUT_EARLY_STOP_BUDGET", "float", "0.007", "recipe.cap.budget.budget", "budget cap: expected extra "
+         "truncated share per batch (0.007 = 0.7%)", minimum=0, group=_G_RECIPE),
     Knob("VLLM_ROLLOUT_EARLY_STOP_FACTOR", "float", "2.0", "recipe.cap.factor", "seed cap factor", minimum=0,
          group=_G_RECIPE),
     Knob("VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS", "int", "10000", "recipe.cap.min_tokens", "seed cap floor",
@@ -188,6 +200,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ROLLOUT_SAMPLING_SEED", "opt_int", "", "recipe.sampling_seed", "per-response vLLM seeds from (seed, epoch, "
          "row, sample): reruns and resumes draw the same random numbers; unset: vLLM's engine RNG", default_doc="unset",
          minimum=0, group=_G_RECIPE),
+    Knob("SAMPLER_INIT_FROM", "path_or_none", "none", "data.sampler.init_from", "warm start: an earlier run's "
+         "`length_traces.jsonl` (or run dir) on the same prompts, matched by content; epoch 0 is then ordered and "
+         "capped", default_doc="unset", group=_G_RECIPE),
+    Knob("SAMPLER_PRIOR_COLUMN", "str", "", "data.sampler.prior_column", "warm start: a train-file column of expected "
+         "lengths per row", default_doc="unset", group=_G_RECIPE),
     Knob("SAMPLER_BUCKET_SIZE", "float", "1024", "data.sampler.bucket_size", "tokens per length bucket",
          minimum=0, group=_G_RECIPE),
     Knob("SAMPLER_EMA_DECAY", "float", "0.7", "data.sampler.ema_decay", "weight of the old estimate (0..0.999)",
@@ -206,6 +223,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("OVER_SAMPLE_MAX_RESUMES", "int", "1", "recipe.over_sample.max_resumes", "continue: resumes per "
          "response before it restarts (bounds policy versions per response to this + 1)", minimum=0,
          group=_G_RECIPE),
+    Knob("TAIL_CUT_ENABLE", "bool", "0", "recipe.tail_cut.enable", "end each step's rollout once TAIL_CUT_FRACTION of "
+         "its responses are done; the rest are aborted and trained as truncated (on-policy; not with over-sampling)",
+         group=_G_RECIPE),
+    Knob("TAIL_CUT_FRACTION", "float", "0.975", "recipe.tail_cut.fraction", "tail cut: share of a step's responses "
+         "that must be done (at level 1; the simulator's choice, docs/results.md)", minimum=0, group=_G_RECIPE),
+    Knob("TAIL_CUT_LEVEL_EXPONENT", "float", "1.25", "recipe.tail_cut.level_exponent", "tail cut: a batch of level L "
+         "(its mean estimate over all rows') may leave (1 - TAIL_CUT_FRACTION) x L^this unfinished; 0: the same "
+         "share for every batch (needs the sampler's estimates when > 0)", minimum=0, group=_G_RECIPE),
     Knob("PROJECT_NAME", "str", "length-aware-grpo", "trainer.project_name", "wandb project", group=_G_RUN),
     Knob("EXPERIMENT_NAME", "str", _experiment_name, "trainer.experiment_name", "run name and run directory name",
          default_doc="`<model>-grpo-<variant>`: `resampler`, `resampler-nocap`, `resampler-calcap`, `-os`, "
@@ -263,7 +288,7 @@ def _default_text(knob: Knob) -> str:
 
 
 def env_table_markdown() -> str:
-    """The README's one table of variables, generated from ``KNOBS``."""
+    """The one table of variables (docs/training.md), generated from ``KNOBS``."""
     out = ["| Variable | Default | Sets | Meaning |", "|---|---|---|---|"]
     group = None
     for k in KNOBS:

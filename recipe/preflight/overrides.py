@@ -153,8 +153,13 @@ def _rollout(v: dict) -> list[str]:
         f"{ARR}.rollout.gpu_memory_utilization={v['ROLLOUT_GPU_MEMORY_UTILIZATION']}",
         f"{ARR}.rollout.max_num_seqs={v['ROLLOUT_MAX_NUM_SEQS']}",
         f"{ARR}.rollout.max_num_batched_tokens={v['ROLLOUT_MAX_NUM_BATCHED_TOKENS']}",
+        f"{ARR}.rollout.scheduling_policy={v['ROLLOUT_SCHEDULING_POLICY']}",
         f"{ARR}.rollout.enforce_eager={_b(eager)}",
-    ]
+    ] + ([
+        # the CPU config prefills whole prompts, so vLLM needs max_num_batched_tokens >= max_model_len, which
+        # defaults to the model's max_position_embeddings (verl vllm_async_server.py _validate_configs)
+        f"{ARR}.rollout.max_model_len={v['MAX_PROMPT_LENGTH'] + v['MAX_RESPONSE_LENGTH']}",
+    ] if is_cpu(v) else [])
 
 
 def _arms(v: dict) -> list[str]:
@@ -173,12 +178,20 @@ def _arms(v: dict) -> list[str]:
         f"data.sampler.statistic={hydra_quote(v['SAMPLER_STATISTIC'], 'SAMPLER_STATISTIC')}",
         f"recipe.cap.enable={0 if baseline else int(v['VLLM_ROLLOUT_EARLY_STOP_ENABLE'])}",
         f"recipe.cap.mode={v['VLLM_ROLLOUT_EARLY_STOP_MODE']}",
+        f"recipe.cap.budget.budget={v['VLLM_ROLLOUT_EARLY_STOP_BUDGET']}",
+        "data.sampler.init_from=" + ("null" if v["SAMPLER_INIT_FROM"] == "none" else
+                                     hydra_quote(v["SAMPLER_INIT_FROM"], "SAMPLER_INIT_FROM")),
+        "data.sampler.prior_column=" + (hydra_quote(v["SAMPLER_PRIOR_COLUMN"], "SAMPLER_PRIOR_COLUMN")
+                                        if v["SAMPLER_PRIOR_COLUMN"] else "null"),
         f"recipe.cap.factor={v['VLLM_ROLLOUT_EARLY_STOP_FACTOR']}",
         f"recipe.cap.min_tokens={v['VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS']}",
         f"recipe.over_sample.enable={int(v['OVER_SAMPLE_ENABLE'])}",
         f"recipe.over_sample.ratio={v['OVER_SAMPLE_RATIO']}",
         f"recipe.over_sample.requeue={v['OVER_SAMPLE_REQUEUE']}",
         f"recipe.over_sample.max_resumes={v['OVER_SAMPLE_MAX_RESUMES']}",
+        f"recipe.tail_cut.enable={int(v['TAIL_CUT_ENABLE'])}",
+        f"recipe.tail_cut.fraction={v['TAIL_CUT_FRACTION']}",
+        f"recipe.tail_cut.level_exponent={v['TAIL_CUT_LEVEL_EXPONENT']}",
         "recipe.sampling_seed=" + ("null" if v["ROLLOUT_SAMPLING_SEED"] is None else str(v["ROLLOUT_SAMPLING_SEED"])),
     ]
 

@@ -33,6 +33,15 @@ def check_rollout(cfg: Mapping, hf: dict | None, world: int, errors: list[str]) 
     if tokens < seqs:
         errors.append(f"ROLLOUT_MAX_NUM_BATCHED_TOKENS={tokens} < ROLLOUT_MAX_NUM_SEQS={seqs}: vLLM's scheduler needs "
                       "at least one token per running sequence per step")
-    if not r("enable_chunked_prefill") and tokens < longest:
-        errors.append(f"ROLLOUT_MAX_NUM_BATCHED_TOKENS={tokens} < MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH = {longest} "
-                      "with chunked prefill off: vLLM must fit a whole context in one step")
+    # verl's vLLM server sizes a context by max_model_len, the model's max_position_embeddings when unset
+    model_len = r("max_model_len") or (hf or {}).get("max_position_embeddings") or longest
+    if not r("enable_chunked_prefill") and tokens < model_len:
+        errors.append(f"ROLLOUT_MAX_NUM_BATCHED_TOKENS={tokens} < max_model_len {model_len} with chunked prefill off: "
+                      f"vLLM must fit a whole context in one step; export ROLLOUT_MAX_NUM_BATCHED_TOKENS={model_len}")
+    if (select(cfg, "trainer.device") == "cpu" and select(cfg, "recipe.sampling_seed") is not None
+            and r("enable_chunked_prefill")):
+        # vllm/v1/worker/gpu_model_runner.py _bookkeeping_sync rewinds a seeded request's generator after a partial
+        # (chunked) prefill with gen.set_offset, which torch's CPU generator does not support: the engine dies.
+        errors.append("actor_rollout_ref.rollout.enable_chunked_prefill=True with ROLLOUT_SAMPLING_SEED on vLLM CPU: "
+                      "a chunked prefill of a seeded request crashes the CPU engine; keep chunked prefill off (the "
+                      "CPU config's default) or unset ROLLOUT_SAMPLING_SEED")

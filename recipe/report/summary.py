@@ -61,6 +61,13 @@ def cap_per_step(run: Run) -> pd.Series:
     return cap.where(cap > 0)
 
 
+def epoch_per_step(run: Run) -> pd.Series:
+    """Epoch of each step: the traces' (the recipe's sampler epoch), else verl's ``training/epoch``."""
+    if run.traces is not None and not run.traces.empty:
+        return run.traces.groupby("step")["epoch"].first().astype("float64")
+    return series(run, "training/epoch")
+
+
 def _stats(s: pd.Series) -> dict[str, float | None]:
     if s.empty:
         return dict.fromkeys(("mean", "p50", "p95", "max"))
@@ -98,6 +105,11 @@ def summarize(run: Run) -> dict[str, float | None]:
         for stat, v in _stats(s).items():
             out[f"{label} {stat} [s]"] = v
     out["total step time [s]"] = step.sum() if not step.empty else None
+    # the first epoch apart: a warm-started arm knows its lengths from the start, a cold one only from epoch 1 on
+    epoch = epoch_per_step(run).reindex(gen.index)
+    first, later = epoch == epoch.min(), epoch > epoch.min()
+    out["gen time/step mean, first epoch [s]"] = gen[first].mean() if first.any() else None
+    out["gen time/step mean, later epochs [s]"] = gen[later].mean() if later.any() else None
     both = gen.index.intersection(step.index)
     out["gen share of step time"] = gen[both].sum() / step[both].sum() if len(both) and step[both].sum() else None
     out["throughput mean [tok/s/GPU]"] = series(run, THROUGHPUT).mean()

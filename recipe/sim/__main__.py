@@ -110,6 +110,22 @@ def engine_params(args) -> tuple[EngineParams, dict | None]:
     return dataclasses.replace(p, **{k: fit[k] for k in ("decode_a", "decode_b", "decode_c", "prefill_tok_s")}), fit
 
 
+def onpolicy_goal(by: dict[str, dict], name: str) -> dict:
+    """The on-policy goal's checks for policy ``name`` against ``seed`` and ``baseline`` (report entries by name)."""
+    on, seed, base_trunc = by[name], by["seed"], by["baseline"]["truncated_fraction"]
+    checks = {
+        "at_least_as_fast_as_seed": on["speedup_vs_baseline"] >= seed["speedup_vs_baseline"],
+        "extra_truncation_at_most_1pp": on["truncated_fraction"] <= base_trunc + MOONSHOT_EXTRA_TRUNCATION,
+        "strictly_on_policy": on["max_policy_versions"] == 1 and on["stale_token_fraction"] == 0,
+        "warm_started": on["warm_started_rows"] > 0,
+        "epoch0_at_least_1.1x": (on["epoch0_speedup_vs_baseline"] or 0) >= ONPOLICY_EPOCH0_SPEEDUP,
+        "every_prompt_once_per_epoch": on["every_prompt_once_per_epoch"]}
+    return {**checks, "met": all(checks.values()),
+            "speedup_minus_seed": round(on["speedup_vs_baseline"] - seed["speedup_vs_baseline"], 4),
+            "extra_truncation": round(on["truncated_fraction"] - base_trunc, 5),
+            "epoch0_speedup": on["epoch0_speedup_vs_baseline"]}
+
+
 def goals(policies: list[dict]) -> dict:
     by = {p["name"]: p for p in policies}
     out: dict = {}
@@ -123,18 +139,7 @@ def goals(policies: list[dict]) -> dict:
         out["best_max_policy_versions"] = best["max_policy_versions"]
         out["best_stale_token_fraction"] = best["stale_token_fraction"]
     if "best-onpolicy" in by and "seed" in by:
-        on, seed = by["best-onpolicy"], by["seed"]
-        checks = {
-            "at_least_as_fast_as_seed": on["speedup_vs_baseline"] >= seed["speedup_vs_baseline"],
-            "extra_truncation_at_most_1pp": on["truncated_fraction"] <= base_trunc + MOONSHOT_EXTRA_TRUNCATION,
-            "strictly_on_policy": on["max_policy_versions"] == 1 and on["stale_token_fraction"] == 0,
-            "warm_started": on["warm_started_rows"] > 0,
-            "epoch0_at_least_1.1x": (on["epoch0_speedup_vs_baseline"] or 0) >= ONPOLICY_EPOCH0_SPEEDUP,
-            "every_prompt_once_per_epoch": on["every_prompt_once_per_epoch"]}
-        out["onpolicy"] = {**checks, "met": all(checks.values()),
-                           "speedup_minus_seed": round(on["speedup_vs_baseline"] - seed["speedup_vs_baseline"], 4),
-                           "extra_truncation": round(on["truncated_fraction"] - base_trunc, 5),
-                           "epoch0_speedup": on["epoch0_speedup_vs_baseline"]}
+        out["onpolicy"] = onpolicy_goal(by, "best-onpolicy")
     limit = base_trunc + MOONSHOT_EXTRA_TRUNCATION
     real = [p for p in policies if p["name"] != "oracle" and p["truncated_fraction"] <= limit]
     top = max(real, key=lambda p: p["speedup_vs_baseline"])

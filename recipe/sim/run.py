@@ -143,7 +143,7 @@ class ModelExecutor:
             kept = policy.oversample.select(finish.max(axis=1))
             t_end = float(finish.max(axis=1)[kept].max())
         if policy.tail_cut:
-            t_end = min(t_end, policy.tail_cut.cut_time(finish[kept]))
+            t_end = min(t_end, policy.tail_cut.cut_time(finish[kept], plan.cut_level))
         now = todo.copy()
         if t_end < timing.time_s:
             now[live] = np.minimum(timing.tokens_by(t_end), todo[live])

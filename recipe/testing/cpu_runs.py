@@ -57,25 +57,45 @@ class Run:
     experiment: str
     returncode: int | None
     output: str
+    killed: "Killed | None" = None  # the first launch, when the run was killed and relaunched
 
     @property
     def run_dir(self) -> Path:
         return self.ckpt_root / self.experiment
 
     def metrics(self) -> dict[int, dict]:
-        """verl's file logger, every launch of the run: step -> metrics (a later launch's step wins)."""
+        """verl's file logger, every launch of the run: training step -> metrics (a later launch's step wins). The
+        validation before training, which verl logs as step 0, is left out."""
         by_step: dict[int, dict] = {}
         for path in sorted((self.run_dir / "logs").glob("metrics.*.jsonl")):
             for line in path.read_text().splitlines():
                 if line.strip():
                     rec = json.loads(line)
-                    by_step.setdefault(int(rec["step"]), {}).update(rec["data"])
+                    if int(rec["step"]) > 0:
+                        by_step.setdefault(int(rec["step"]), {}).update(rec["data"])
         return dict(sorted(by_step.items()))
 
     def traces(self) -> dict[int, dict]:
         from recipe.traces import read_records
 
         return read_records(self.run_dir / "length_traces.jsonl")
+
+
+@dataclass
+class Killed:
+    output: str
+    traces: dict  # step -> trace record, as the killed launch left them
+    checkpoint: int  # the global step it is resumed from
+    steps_after_checkpoint: list  # steps it completed after that checkpoint
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Launcher:
@@ -124,6 +144,35 @@ class Launcher:
             dirs = [p.name for p in ckpt_root.iterdir() if p.is_dir()]
             experiment = dirs[0] if len(dirs) == 1 else "?"
         return Run(ckpt_root, experiment, code, output)
+
+    def kill_and_relaunch(self, name: str, extra: dict, *, experiment: str, checkpoint: int,
+                          kill_after_step: int) -> Run:
+        """Launch, SIGKILL every process of the run once ``global_step_<checkpoint>`` is written and step
+        ``kill_after_step`` is traced (as a node failure would), then relaunch the same command to the end."""
+        from recipe.traces import read_records
+
+        proc, ckpt_root, marker = self.start(name, extra)
+        run_dir = ckpt_root / experiment
+        tracker, traces = run_dir / "latest_checkpointed_iteration.txt", run_dir / "length_traces.jsonl"
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended before it could be killed:\n{proc.log_path.read_text()[-4000:]}")
+            return (tracker.is_file() and tracker.read_text().strip() == str(checkpoint) and traces.is_file()
+                    and kill_after_step in read_records(traces))
+
+        wait_for(ready, RUN_TIMEOUT_S, f"global_step_{checkpoint} and step {kill_after_step}")
+        for pid in marked_pids(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.wait(proc, timeout_s=60)
+        left = read_records(traces)
+        killed = Killed(proc.log_path.read_text(), left, checkpoint, sorted(s for s in left if s > checkpoint))
+        run = self.run(name, extra, experiment=experiment)
+        run.killed = killed
+        return run
 
     def cleanup(self) -> None:
         for marker in self.markers:

@@ -31,13 +31,15 @@ T = TypeVar("T")
 
 
 class _SchedulerCounts(StatLoggerBase):
-    """Keeps the engine core's last reported running/waiting counts (the frontend cannot see the scheduler)."""
+    """Keeps the engine core's last reported running/waiting counts (the frontend cannot see the scheduler) and
+    counts its scheduler steps (one report per step)."""
 
     def __init__(self, vllm_config, engine_index: int = 0):
-        self.running = self.waiting = 0
+        self.running = self.waiting = self.steps = 0
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
         if scheduler_stats is not None:
+            self.steps += 1
             self.running = scheduler_stats.num_running_reqs
             self.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
 
@@ -53,7 +55,7 @@ class InProcessVLLM:
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, max_model_len: int = 2048, max_num_seqs: int = 32,
-                 seed: int = 0, gpu_memory_utilization: float = 0.25):
+                 seed: int = 0, gpu_memory_utilization: float = 0.25, **engine_kwargs):
         self.model_dir = str(model_dir)
         self.max_model_len = max_model_len
         self.loop = asyncio.new_event_loop()
@@ -62,7 +64,7 @@ class InProcessVLLM:
         self._counts: Optional[_SchedulerCounts] = None
         args = AsyncEngineArgs(model=self.model_dir, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                gpu_memory_utilization=gpu_memory_utilization, seed=seed, dtype="float32",
-                               enforce_eager=True)
+                               enforce_eager=True, **engine_kwargs)
         try:
             self.engine: AsyncLLM = self.run(self._start(args))
         except BaseException:
@@ -116,6 +118,10 @@ class InProcessVLLM:
         if request_ids:
             await self.engine.abort(request_ids, internal=True)
         return request_ids
+
+    def scheduler_steps(self) -> int:
+        """Engine-core scheduler steps so far: a step count is what an engine's speed does not change."""
+        return self._counts.steps
 
     def num_unfinished(self) -> dict[str, int]:
         """Requests still alive: ``frontend`` (unfinished streams), ``running``/``waiting`` (engine core, as of its
@@ -218,3 +224,61 @@ class EngineServerManager:
     async def abort_all(self) -> list[str]:
         """Abort every in-flight request; pending ``generate`` calls return ``stop_reason="aborted"``."""
         return await self.engine.abort_all()
+
+
+class ForcedLengths(EngineServerManager):
+    """Every request ignores EOS, so each response runs to its ``max_tokens``: with the row's cap field set to the
+    length a test wants, lengths are exact (races and aborts become deterministic)."""
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+        return await super().generate(request_id, prompt_ids=prompt_ids,
+                                      sampling_params={**sampling_params, "ignore_eos": True}, **kw)
+
+
+class EngineReplicas:
+    """Test stand-in for verl's ``CheckpointEngineManager`` over the in-process engine: abort aborts the engine's
+    requests; sleep, weight update and resume are recorded (there is no trainer to sync from)."""
+
+    def __init__(self, engine: InProcessVLLM):
+        self.engine, self.calls = engine, []
+
+    def abort_replicas(self, reject_request=False):
+        self.calls.append("abort")
+        self.engine.run(self.engine.abort_all())
+
+    def resume_generation_replicas(self):
+        self.calls.append("resume")
+
+    def sleep_replicas(self):
+        self.calls.append("sleep")
+
+    def update_weights(self, step=None):
+        self.calls.append("update_weights")
+
+
+class OneWorker:
+    """Test stand-in for verl's ``AgentLoopManagerTQ``: each batch goes to one in-process ``AgentLoopWorkerTQ`` on
+    the engine's event loop (the engine is bound to one loop) instead of spreading over Ray actors."""
+
+    def __init__(self, engine: InProcessVLLM, worker):
+        self.engine, self.worker = engine, worker
+
+    def generate_sequences(self, batch):
+        self.engine.run(self.worker.generate_sequences(batch))
+
+
+def attach_engine(trainer, cfg, engine: InProcessVLLM, server_cls: type = ForcedLengths) -> ForcedLengths:
+    """Route ``trainer``'s rollouts to ``engine``: a ``server_cls`` server (verl's server client, forced lengths) and
+    verl's ``AgentLoopWorkerTQ`` running the recipe's agent loop behind ``OneWorker``. The worker is built on the
+    engine's event loop: agent loops bind the loop they are created on."""
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    rollout = cfg.actor_rollout_ref.rollout
+    server = server_cls(engine, prompt_length=rollout.prompt_length, response_length=rollout.response_length,
+                        global_steps=0)
+
+    async def make_worker():
+        return AgentLoopWorkerTQ.__ray_actor_class__(cfg, server)
+
+    trainer.agent_loop_manager = OneWorker(engine, engine.run(make_worker()))
+    return server

@@ -3,9 +3,9 @@
 Real: the recipe trainer's hooks (prepare_step, on_sample_end, on_step_end, observe_batch), verl's ReplayBuffer.sample
 and AgentLoopWorkerTQ (its plain class, running our agent loop registered from configs/agent_loops.yaml), TransferQueue,
 and a vLLM engine generating and aborting. Stand-ins, because verl's versions need GPUs and Ray-managed servers:
-``EngineServerManager`` for the vLLM HTTP server (forced lengths: ignore_eos), ``EngineReplicas`` for the
-CheckpointEngineManager (abort -> engine abort; sleep/wake/update are no-ops), and ``WorkerManager`` which hands
-each batch to the one in-process worker instead of spreading it over Ray actors.
+``ForcedLengths`` for the vLLM HTTP server (forced lengths: ignore_eos), ``EngineReplicas`` for the
+CheckpointEngineManager (abort -> engine abort; sleep/wake/update are no-ops), and ``OneWorker`` which hands
+each batch to the one in-process worker instead of spreading it over Ray actors (recipe/testing/vllm_engine.py).
 
 The same protocol runs through verl's real vLLM server in tests/e2e/test_over_sample.py; this test stays because
 forced lengths make every race deterministic (which groups win, where each aborted one stops), so it can check at
@@ -21,7 +21,7 @@ import torch
 from recipe.adapter.columns import column_to_numpy
 from recipe.adapter.fields import CAP, ROW_ID
 from recipe.testing.recipe_config import compose_recipe
-from recipe.testing.vllm_engine import EngineServerManager
+from recipe.testing.vllm_engine import EngineReplicas, attach_engine
 
 pytestmark = pytest.mark.engine
 
@@ -34,43 +34,8 @@ B, N, SHORT, TARGET = 4, 2, 8, 300
 STAGGERED = (900, 1400, 1850, 1850)
 
 
-class ForcedLengths(EngineServerManager):
-    """Every request ignores EOS, so each row's cap is exactly its response length."""
-
-    async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
-        return await super().generate(request_id, prompt_ids=prompt_ids,
-                                      sampling_params={**sampling_params, "ignore_eos": True}, **kw)
-
-
-class EngineReplicas:
-    def __init__(self, engine):
-        self.engine, self.calls = engine, []
-
-    def abort_replicas(self, reject_request=False):
-        self.calls.append("abort")
-        self.engine.run(self.engine.abort_all())
-
-    def resume_generation_replicas(self):
-        self.calls.append("resume")
-
-    def sleep_replicas(self):
-        self.calls.append("sleep")
-
-    def update_weights(self, step=None):
-        self.calls.append("update_weights")
-
-
-class WorkerManager:
-    def __init__(self, engine, worker):
-        self.engine, self.worker = engine, worker
-
-    def generate_sequences(self, batch):
-        self.engine.run(self.worker.generate_sequences(batch))
-
-
 @pytest.fixture(params=["restart", "continue"])
 def rig(request, vllm_engine, tiny_artifacts, tmp_path, tq_cluster):
-    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
     from recipe.adapter.trainer import LengthAwareTrainer
 
@@ -91,13 +56,7 @@ def rig(request, vllm_engine, tiny_artifacts, tmp_path, tq_cluster):
     trainer = Trainer(cfg)
     trainer._init_tokenizer()
     trainer._init_dataloader()
-    server = ForcedLengths(vllm_engine, prompt_length=cfg.actor_rollout_ref.rollout.prompt_length,
-                           response_length=cfg.actor_rollout_ref.rollout.response_length, global_steps=0)
-
-    async def make_worker():  # agent loops bind the running loop: build the worker on the engine's loop
-        return AgentLoopWorkerTQ.__ray_actor_class__(cfg, server)
-
-    trainer.agent_loop_manager = WorkerManager(vllm_engine, vllm_engine.run(make_worker()))
+    server = attach_engine(trainer, cfg, vllm_engine)
     trainer.checkpoint_manager = EngineReplicas(vllm_engine)
     trainer.curr_step_profile, trainer.timing_raw = False, {}
     trainer.replay_buffer.poll_interval = 0.05

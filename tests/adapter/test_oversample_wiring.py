@@ -16,6 +16,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from recipe.adapter.columns import column_to_numpy
 from recipe.adapter.fields import CAP, PREDICTION, ROW_ID
 from recipe.testing.recipe_config import ROLLOUT_N, TRAIN_BATCH, compose_recipe
+from recipe.traces import read_records
 
 RATIO = 0.5
 
@@ -33,8 +34,8 @@ class FakeRollout:
 
     def put_group(self, uid, row, n_tokens, fields):
         keys = [f"{uid}_{s}_0" for s in range(ROLLOUT_N)]
-        recs = [{"response_mask": torch.ones(n_tokens, dtype=torch.int64), ROW_ID: row, **fields}
-                for _ in keys]
+        recs = [{"prompts": torch.arange(3, dtype=torch.int64), "responses": torch.full((n_tokens,), 7),
+                 "response_mask": torch.ones(n_tokens, dtype=torch.int64), ROW_ID: row, **fields} for _ in keys]
         tags = [{"status": "success", "response_len": n_tokens, "global_steps": 1,
                  "min_global_steps": 1, "max_global_steps": 1} for _ in keys]
         self.tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(recs), tags=tags)
@@ -187,3 +188,32 @@ def test_resume_before_an_epochs_last_step_trains_every_prompt_once(tiny_artifac
     n_rows = resumed.length_sampler.num_rows
     assert sorted(trained[0]) == list(range(n_rows))
     assert sorted(trained[1]) == list(range(n_rows))
+
+
+def test_a_response_that_stopped_before_the_abort_is_an_exact_length(tiny_artifacts, tmp_path, tq_cluster):
+    """An aborted group may hold responses that had already emitted EOS: those lengths are exact (``eos`` in the
+    trace, uncensored in the estimates); the rest were cut by the abort (``abort``, lower bounds)."""
+    from recipe.adapter.trainer import stop_token_ids
+
+    trainer = over_sampled_trainer(tiny_artifacts, tmp_path / "run", tq_cluster)
+    eos = min(stop_token_ids(trainer.tokenizer))
+    rollout = trainer.agent_loop_manager
+
+    class StoppedReplicas(FakeReplicas):
+        def abort_replicas(self, reject_request=False):  # session 0 of every aborted group had stopped (EOS)
+            super().abort_replicas(reject_request)
+            items = tq_cluster.kv_list("train")["train"]
+            stopped = [k for k, t in items.items() if k.endswith("_0_0") and t.get("response_len") == 3]
+            recs = [{"responses": torch.tensor([7, 7, eos])} for _ in stopped]
+            tq_cluster.kv_batch_put(keys=stopped, partition_id="train", fields=list_of_dict_to_tensordict(recs))
+
+    trainer.checkpoint_manager = StoppedReplicas(rollout)
+    run_step(trainer, tq_cluster, 1)
+    aborted = trainer.over_sample.last_aborted
+    assert aborted is not None and len(aborted.rows) == ROLLOUT_N * (math.ceil(TRAIN_BATCH * (1 + RATIO)) - TRAIN_BATCH)
+    session0 = np.asarray(aborted.sample_index) == 0
+    assert not aborted.aborted[session0].any() and aborted.aborted[~session0].all()
+    assert not aborted.censored()[session0].any()
+    record = read_records(tmp_path / "run" / "length_traces.jsonl")[1]
+    tail = record["finish"][TRAIN_BATCH * ROLLOUT_N:]
+    assert sorted(set(tail)) == ["abort", "eos"] and tail.count("eos") == int(session0.sum())

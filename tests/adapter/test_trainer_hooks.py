@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
+from recipe.adapter.columns import column_to_numpy
 from recipe.adapter.fields import CAP, PREDICTION, ROW_ID
 from recipe.adapter.sampler import LengthAwareEpochSampler
 
@@ -31,9 +32,10 @@ def make_trainer(tiny_artifacts, tmp_path, *overrides):
     return trainer
 
 
-def put_trajectories(tq, batch, lengths_of):
+def put_trajectories(tq, batch, lengths_of, preempted=None):
     """Write one record per response as AgentLoopWorkerTQ._agent_loop_postprocess does: the agent-loop output
-    fields plus the prompt's row fields (kwargs), keys ``{uid}_{session}_0``."""
+    fields (with verl's per-sample ``metrics`` when ``preempted`` gives num_preempted per response) plus the prompt's
+    row fields (kwargs), keys ``{uid}_{session}_0``."""
     from transfer_queue import KVBatchMeta
 
     keys, fields, tags = [], [], []
@@ -43,7 +45,8 @@ def put_trajectories(tq, batch, lengths_of):
         for s in range(N_RESP):
             n = int(lengths_of(row[ROW_ID], s))
             keys.append(f"{batch['uid'][i]}_{s}_0")
-            fields.append({"response_mask": torch.ones(n, dtype=torch.int64), **row})
+            metrics = {"metrics": {"num_preempted": preempted(row[ROW_ID], s)}} if preempted else {}
+            fields.append({"response_mask": torch.ones(n, dtype=torch.int64), **row, **metrics})
             tags.append({"status": "success", "response_len": n})
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
     return KVBatchMeta(partition_id="train", keys=keys, tags=tags)
@@ -132,3 +135,93 @@ def test_sampling_seeds_are_per_epoch_and_row(tiny_artifacts, tmp_path):
     assert batch[SEED].tolist() == row_seeds(7, trainer.length_sampler.plan.epoch, rows).tolist()
     assert len(set(batch[SEED].tolist())) == len(rows)
     assert make_trainer(tiny_artifacts, tmp_path / "b")._next_train_batch().get(SEED, None) is None
+
+
+def test_warm_start_from_an_earlier_runs_traces_on_a_reordered_file(tiny_artifacts, tmp_path, tq_cluster):
+    """Two epochs of a first run write traces; a second run on a re-ordered copy of the train file starts from them
+    (data.sampler.init_from): rows are matched by prompt content, its epoch 0 is sorted by the carried estimates
+    and capped, and each prediction is what the first run observed for that prompt in its first epoch."""
+    import pandas as pd
+
+    first = make_trainer(tiny_artifacts, tmp_path / "first")
+    for step in range(1, 2 * first.steps_per_epoch + 1):
+        first.global_steps = step
+        batch = first._next_train_batch()
+        meta = put_trajectories(tq_cluster, batch, lambda r, s: true_len(r, s) + 3 * (step > first.steps_per_epoch))
+        first.observe_batch(meta, gen_time_s=1.0)
+        tq_cluster.kv_clear(keys=meta.keys, partition_id="train")
+    traces = tmp_path / "first" / "run" / "length_traces.jsonl"
+
+    reordered = tmp_path / "reordered.parquet"
+    df = pd.read_parquet(tiny_artifacts.train_parquet)
+    df.sample(frac=1.0, random_state=3).reset_index(drop=True).to_parquet(reordered)
+    second = make_trainer(tiny_artifacts, tmp_path / "second", f"data.train_files={reordered}",
+                          f"data.sampler.init_from={traces}", "data.sampler.shuffle_batch_blocks=False",
+                          "recipe.cap.factor=1.0")
+    n_rows = second.length_sampler.num_rows
+    assert second.warm_start.rows == n_rows == first.length_sampler.num_rows
+    keys = first.train_dataset.prompt_keys()
+    assert second.warm_start.responses == sum(keys.count(k) * N_RESP for k in keys)  # each row: its prompt's responses
+    # row i of the re-ordered file holds the prompt of rows old_of[i] of the first run's file (the tiny set repeats
+    # a prompt: such rows share all the responses of that prompt)
+    first_keys = first.train_dataset.prompt_keys()
+    old_of = [[j for j, k in enumerate(first_keys) if k == key] for key in second.train_dataset.prompt_keys()]
+    assert [o[0] for o in old_of] != list(range(n_rows))
+    carried = np.array([np.mean([true_len(r, 0) for r in rows]) + 0.5 for rows in old_of])  # epoch-0 group means
+    assert np.allclose(second.length_sampler.estimates.value, carried)
+
+    batch = second._next_train_batch()
+    plan = second.length_sampler.plan
+    assert plan.epoch == 0 and np.all(np.diff(carried[plan.order]) >= 0)  # epoch 0 sorted by the estimates
+    rows = column_to_numpy(batch[ROW_ID], dtype=np.int64)
+    assert np.allclose(batch[PREDICTION].numpy(), carried[rows])
+    assert batch[CAP][0] > 0  # capped from the first step
+
+
+def test_longest_predicted_first_sets_priorities_and_dispatch_order(tiny_artifacts, tmp_path):
+    """rollout.scheduling_policy=priority: each row's vLLM priority is minus its predicted length (lower runs
+    first) and the batch goes out in that order; verl's default 0 otherwise."""
+    from recipe.adapter.fields import PRIORITY
+
+    trainer = make_trainer(tiny_artifacts, tmp_path, "actor_rollout_ref.rollout.scheduling_policy=priority",
+                           "data.sampler.bucket_size=100000", "data.sampler.shuffle_batch_blocks=False")
+    n_rows = trainer.length_sampler.num_rows
+    trainer.length_sampler.estimates.warm_start(np.arange(n_rows), [true_len(r, 0) for r in range(n_rows)])
+    batch = trainer._next_train_batch()
+    pred = batch[PREDICTION].numpy()
+    assert batch[PRIORITY].tolist() == (-np.round(pred)).astype(int).tolist()
+    assert np.all(np.diff(pred) <= 0), "dispatched longest first"
+    assert PRIORITY not in make_trainer(tiny_artifacts, tmp_path / "fcfs")._next_train_batch().keys()
+
+
+def test_budget_cap_warm_started_caps_the_first_epoch(tiny_artifacts, tmp_path, tq_cluster):
+    """recipe.cap.mode=budget through the trainer: calibrated on an earlier run's traces, it caps epoch 0."""
+    first = make_trainer(tiny_artifacts, tmp_path / "first")
+    for step in range(1, 2 * first.steps_per_epoch + 1):
+        first.global_steps = step
+        batch = first._next_train_batch()
+        meta = put_trajectories(tq_cluster, batch, true_len, preempted=lambda r, s: r % 3)
+        first.observe_batch(meta, gen_time_s=1.0)
+        tq_cluster.kv_clear(keys=meta.keys, partition_id="train")
+    traces = tmp_path / "first" / "run" / "length_traces.jsonl"
+    record = json.loads(traces.read_text().splitlines()[0])
+    assert record["num_preempted"] == [r % 3 for r in record["rows"]]  # verl's per-sample metric, kept
+    second = make_trainer(tiny_artifacts, tmp_path / "second", f"data.sampler.init_from={traces}",
+                          "recipe.cap.mode=budget", "recipe.cap.budget.budget=0.05", "recipe.cap.budget.align=4",
+                          "recipe.cap.budget.min_tokens=8")
+    assert type(second.cap_policy).__name__ == "BudgetCap" and second.warm_start.cap_responses > 0
+    batch = second._next_train_batch()
+    assert 0 < int(batch[CAP][0]) < 64
+
+
+def test_responses_stopped_by_the_tail_cut_are_traced_as_cut_and_censored(tiny_artifacts, tmp_path, tq_cluster):
+    trainer = make_trainer(tiny_artifacts, tmp_path, "recipe.tail_cut.enable=1", "recipe.tail_cut.fraction=0.9")
+    batch = trainer._next_train_batch()
+    meta = put_trajectories(tq_cluster, batch, lambda r, s: 40 if s == 0 else 7)  # session 1 was cut at 7 tokens
+    trainer.tail_cut.done_at_cut = {k for k in meta.keys if k.rsplit("_", 2)[1] == "0"}
+    trainer.observe_batch(meta, gen_time_s=1.0)
+    record = json.loads((tmp_path / "run" / "length_traces.jsonl").read_text().splitlines()[-1])
+    assert record["finish"] == ["eos" if s == 0 else "cut" for s in record["sample_index"]]
+    est = trainer.length_sampler.estimates
+    row = record["rows"][0]
+    assert est.value[row] == 23.5 and est.censored[row]  # the group's mean holds a lower bound: itself one

@@ -26,6 +26,7 @@ PARAMS = [
      "LengthAwareTrainer._compute_metrics (progress line)"),
     (f"{SYNC}.on_init_end", ["self"], "PPOTrainerSync hooks used by the trainer subclass"),
     (f"{SYNC}.on_sample_end", ["self"], "over-sample abort before replicas sleep"),
+    (f"{BASE}.on_sample_begin", ["self"], "the tail cut's watch starts with the step's sampling"),
     (f"{SYNC}.on_step_end", ["self"], "over-sample resume after weights update"),
     # entry point
     ("verl.trainer.main_ppo:run_ppo", ["config", "task_runner_class"], "recipe/main.py"),
@@ -95,6 +96,16 @@ def test_replay_buffer_polls_by_an_attribute_the_trainer_sets():
                 "the progress line prints the metrics verl logs")
 
 
+def test_sampling_is_bracketed_by_the_hooks_the_tail_cut_uses():
+    check_order(f"{BASE}._step_once", "self.on_sample_begin()", "self.replay_buffer.sample(",
+                "the tail cut watches the step from on_sample_begin")
+    check_order(f"{BASE}._step_once", "self.replay_buffer.sample(", "self.on_sample_end()",
+                "the tail cut's watch ends in on_sample_end, before the replicas sleep")
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    assert "on_sample_begin" not in PPOTrainerSync.__dict__, "PPOTrainerSync now overrides on_sample_begin: re-check"
+
+
 def test_train_batches_flow_through_next_train_batch():
     check_source(f"{BASE}._add_batch_to_generate", ["self._next_train_batch()"], "cap injection")
     check_source(f"{BASE}._add_prompts_to_generate", ["self._next_train_batch(num_prompts)"], "cap injection")
@@ -123,6 +134,25 @@ def test_agent_loop_registration_through_config_path():
 
     fields = AgentLoopConfig.__dataclass_fields__
     assert "agent_loop_config_path" in fields and "default_agent_loop" in fields
+
+
+def test_row_priority_reaches_vllms_request_on_the_v1_path():
+    """recipe.adapter.trainer.row_priorities -> batch field ``priority`` -> AgentLoopWorkerTQ passes row fields as
+    kwargs -> SingleTurnAgentLoop.run(priority) -> LLMServerClient.generate -> vLLMHttpServer.generate ->
+    AsyncLLM.generate(priority), with vLLM's scheduler in priority mode from rollout.scheduling_policy."""
+    check_source("verl.experimental.agent_loop.single_turn_agent_loop:SingleTurnAgentLoop.run",
+                 ["priority = int(priority)", "priority=priority"], "CappedSingleTurnAgentLoop forwards **kwargs")
+    check_source("verl.workers.rollout.llm_server:LLMServerClient.generate",
+                 ['priority = kwargs.pop("priority", 0)', '{"priority": priority} if priority != 0'],
+                 "a priority of 0 is not sent: the recipe's priorities are -(predicted length), never 0 for a row "
+                 "with a prediction")
+    check_module_source("verl.workers.rollout.vllm_rollout.vllm_async_server",
+                        ["priority: int = 0,", "priority=priority,",
+                         '"scheduling_policy": self.config.scheduling_policy'],
+                        "vLLMHttpServer hands the priority and the scheduling policy to vLLM")
+    from verl.workers.config.rollout import RolloutConfig
+
+    assert "scheduling_policy" in RolloutConfig.__dataclass_fields__
 
 
 def test_vllm_server_honours_per_request_max_tokens():

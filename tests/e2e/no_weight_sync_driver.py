@@ -1,4 +1,5 @@
-"""Control run for test_control.py: the recipe's trainer with the weight push to vLLM removed.
+"""Control run for the e2e tests (conftest.py ``restart_without_sync_run``): the recipe's trainer with the weight
+push to vLLM removed.
 
 ``python tests/e2e/no_weight_sync_driver.py --config-name NAME [overrides]`` composes the config exactly as
 ``python -m recipe.main`` does and runs verl's loop with ``LengthAwareTrainer`` minus ``on_step_end`` (where verl's
@@ -20,7 +21,10 @@ class NoWeightSyncTaskRunner(LengthAwareTaskRunner):
 
         class NoWeightSyncTrainer(trainer_module.LengthAwareTrainer):
             def on_step_end(self):
-                pass  # verl's PPOTrainerSync.on_step_end: checkpoint_manager.update_weights(...)
+                # verl's PPOTrainerSync.on_step_end (checkpoint_manager.update_weights) is skipped; the recipe's
+                # own part (re-opening generation after an over-sample abort) is kept
+                if self.over_sample is not None:
+                    self.over_sample.resume(self)
 
         trainer_module.LengthAwareTrainer = NoWeightSyncTrainer  # what LengthAwareTaskRunner.run registers
         return super().run(config)

@@ -29,7 +29,8 @@ def test_ab_report_from_two_real_runs(resampler_run, baseline_run, tmp_path):
     # the arms differ in their own switches only: no warning about anything else
     assert "data.sampler.class_path" in report and "recipe.cap.enable" in report and "data.shuffle" in report
     assert "WARNING" not in report, report[:3000]
-    assert "rollout" in report.lower() and "resampler" in report
+    assert "| metric | baseline | resampler | resampler/baseline |" in report
+    assert "| gen time/step mean, first epoch [s] |" in report and "| cap hit ratio mean |" in report
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert {"val_score.png"} <= set(pngs) and len(pngs) >= 4, pngs
     assert (out / "compare.md").read_text().strip()

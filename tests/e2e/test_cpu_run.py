@@ -16,16 +16,21 @@ STEPS = EPOCHS * N_TRAIN // BATCH
 
 
 def test_main_command_runs_the_cpu_preset_to_the_end(resampler_run):
-    out, run_dir = resampler_run.output, resampler_run.run_dir
-    assert "running the CPU preset (PRESET=cpu)" in out and "preflight: OK" in out
+    """Both launches are the bare main command on a machine without a GPU (checkpoints on): the banner, the
+    preflight, a progress line per step, the run directory with a metrics log and a console log per launch."""
+    run_dir, first = resampler_run.run_dir, resampler_run.killed
+    for out in (first.output, resampler_run.output):
+        assert "running the CPU preset (PRESET=cpu)" in out and "preflight: OK" in out
     assert resampler_run.experiment == "cpu-grpo-resampler"
-    assert len(list((run_dir / "logs").glob("metrics.*.jsonl"))) == 1
-    assert len(list((run_dir / "logs").glob("console.*.log"))) == 1
+    assert len(list((run_dir / "logs").glob("metrics.*.jsonl"))) == 2  # one per launch: a resume truncates none
+    assert len(list((run_dir / "logs").glob("console.*.log"))) == 2
     assert (run_dir / "length_traces.jsonl").is_file()
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb runs offline into the run directory"
-    progress = [line for line in out.splitlines() if "[recipe] step " in line]
-    assert len(progress) == STEPS and f"step {STEPS}/{STEPS}" in progress[-1]
-    assert f"finished with status 0; run dir {run_dir}" in out
+    progress = [line for out in (first.output, resampler_run.output) for line in out.splitlines()
+                if "[recipe] step " in line]
+    steps = {int(line.split("[recipe] step ")[1].split("/")[0]) for line in progress}
+    assert steps == set(range(1, STEPS + 1)) and f"step {STEPS}/{STEPS}" in progress[-1]
+    assert f"finished with status 0; run dir {run_dir}" in resampler_run.output
     assert sorted(resampler_run.metrics()) == list(range(1, STEPS + 1))
 
 
@@ -67,7 +72,8 @@ def test_the_cap_reaches_vllm(resampler_run):
     """From epoch 1 on each batch gets the seed cap min(response, max(min_tokens, factor x mean estimate)) and vLLM
     stops the responses there: the cap in the metrics is the one in the traces, no response is longer, and the
     random model, which rarely stops by itself, runs into it."""
-    factor, floor = float(CPU_VALUES["VLLM_ROLLOUT_EARLY_STOP_FACTOR"]), int(CPU_VALUES["VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS"])
+    factor = float(CPU_VALUES["VLLM_ROLLOUT_EARLY_STOP_FACTOR"])
+    floor = int(CPU_VALUES["VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS"])
     metrics, capped = resampler_run.metrics(), 0
     for step, rec in resampler_run.traces().items():
         cap = metrics[step]["rollout/response_max_tokens_cap"]

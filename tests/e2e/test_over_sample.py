@@ -1,91 +1,90 @@
 """Over-sample then abort through verl's real vLLM server (``vLLMHttpServer``, ``abort_replicas`` /
-``resume_generation_replicas``), both re-queue modes.
-
-``ROLLOUT_MAX_NUM_SEQS=16`` makes vLLM run the 40 sequences of a launch (10 groups x 4) in waves, so the groups
-that lose the race are still generating (or waiting) when they are aborted: their partial responses are genuinely
-unfinished, which is what ``continue`` must resume.
-"""
+``resume_generation_replicas``), both re-queue modes: ``continue`` through the main command, ``restart`` in the
+control run (conftest.py). vLLM runs the 40 sequences of a launch (10 groups x 4) 16 at a time, so the groups that
+lose the race are still generating or waiting when they are aborted."""
 import json
 
 import pytest
 
 from recipe.cpu.preset import CPU_VALUES, N_TRAIN
-from recipe.testing.cpu_runs import require_success
 
 BATCH, N = int(CPU_VALUES["TRAIN_BATCH_SIZE"]), int(CPU_VALUES["ROLLOUT_N"])
-STEPS = N_TRAIN // BATCH + 2  # one epoch and two steps into the next
-ENV = {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25", "ROLLOUT_MAX_NUM_SEQS": "16", "TOTAL_EPOCHS": "2"}
+STEPS_PER_EPOCH = N_TRAIN // BATCH
 
 
-def over_sampled(launcher, mode: str):
-    name = f"os-{mode}"
-    dumps = launcher.base / name / "rollouts"
-    run = launcher.run(name, {**ENV, "OVER_SAMPLE_REQUEUE": mode},
-                       args=(f"trainer.total_training_steps={STEPS}", "recipe.over_sample.abort_events=1",
-                             f"trainer.rollout_data_dir={dumps}"))
-    run.dumps = dumps
-    return require_success(run)
+@pytest.fixture(params=["continue", "restart"])
+def os_run(request):
+    return request.param, request.getfixturevalue("continue_run" if request.param == "continue"
+                                                   else "restart_without_sync_run")
 
 
-@pytest.fixture(scope="module", params=["restart", "continue"])
-def os_run(request, launcher):
-    return request.param, over_sampled(launcher, request.param)
+def events_of(run):
+    return [json.loads(line) for line in (run.run_dir / "over_sample_events.jsonl").read_text().splitlines()]
 
 
 def test_every_prompt_trained_once_per_epoch_and_aborts_leave_nothing_running(os_run):
     mode, run = os_run
-    assert run.experiment == "cpu-grpo-resampler-os"
     metrics, traces = run.metrics(), run.traces()
-    assert sorted(metrics) == list(range(1, STEPS + 1))
     trained = {}
-    aborted_steps = 0
+    aborting_steps = 0
     for step, rec in traces.items():
         m = metrics[step]
-        kept = [r for r, f in zip(rec["rows"], rec["finish"]) if f != "abort"] if "abort" in rec["finish"] else rec["rows"]
-        trained_rows = set(rec["rows"][:BATCH * N])  # trained responses come first in a record, aborted ones after
-        assert len(trained_rows) == BATCH and len(rec["rows"][:BATCH * N]) == BATCH * N
-        trained.setdefault(rec["epoch"], []).extend(trained_rows)
-        if m["rollout/over_sample/aborted_groups"] > 0:
-            aborted_steps += 1
-            assert m["rollout/over_sample/engine_unfinished_after_settle"] == 0, f"step {step}"
-            aborted = rec["rows"][BATCH * N:]
-            assert len(set(aborted)) == m["rollout/over_sample/aborted_groups"], f"step {step}"
-            assert not set(aborted) & trained_rows
-        assert kept  # a step always trains
-    assert aborted_steps >= N_TRAIN // BATCH - 2, "most steps of an epoch over-sample and abort"
+        kept = rec["rows"][:BATCH * N]  # a record lists the trained responses first, then the aborted ones
+        assert len(set(kept)) == BATCH and all(f != "abort" for f in rec["finish"][:BATCH * N])
+        trained.setdefault(rec["epoch"], []).extend(set(kept))
+        aborted = rec["rows"][BATCH * N:]
+        assert len(set(aborted)) == m["rollout/over_sample/aborted_groups"], f"step {step}"
+        assert not set(aborted) & set(kept)
+        if aborted:
+            aborting_steps += 1
+            assert m["rollout/over_sample/engine_unfinished_after_settle"] == 0, f"step {step}: requests left"
+    assert aborting_steps >= STEPS_PER_EPOCH - 2, "most steps of an epoch over-sample and abort"
     assert sorted(trained[0]) == list(range(N_TRAIN)), "epoch 0: every prompt trained exactly once"
-    assert len(trained[1]) == len(set(trained[1])) == 2 * BATCH
-    last_of_epoch = metrics[N_TRAIN // BATCH]
-    assert last_of_epoch["rollout/over_sample/launched_groups"] == BATCH  # nothing left to over-sample from
-    events = [json.loads(line) for line in (run.run_dir / "over_sample_events.jsonl").read_text().splitlines()]
-    assert len(events) == sum(m["rollout/over_sample/aborted_groups"] for m in metrics.values())
+    assert len(trained[1]) == len(set(trained[1])) == (len(traces) - STEPS_PER_EPOCH) * BATCH
+    assert metrics[STEPS_PER_EPOCH]["rollout/over_sample/launched_groups"] == BATCH  # nothing left to over-sample
+    assert len(events_of(run)) == sum(m["rollout/over_sample/aborted_groups"] for m in metrics.values())
 
 
-def test_restart_regenerates_and_continue_resumes_unfinished_responses(os_run):
-    """``restart``: an aborted prompt is generated afresh later (one policy version per trained response).
-    ``continue``: the next step resumes it; its trained response is the partial response it was aborted with
-    followed by the rest (verl's dump of the trained text starts with the aborted text), spanning two versions."""
-    mode, run = os_run
-    metrics = run.metrics()
-    events = [json.loads(line) for line in (run.run_dir / "over_sample_events.jsonl").read_text().splitlines()]
-    spans = {s: metrics[s].get("training/off_policy/trajectory_spans/max") for s in metrics}
-    if mode == "restart":
-        assert all(m["rollout/over_sample/resumed_groups"] == 0 for m in metrics.values())
-        assert not any(e["resumes_next"] for e in events)
-        assert set(spans.values()) == {1}
-        return
-    unfinished = [(e, s) for e in events if e["resumes_next"] for s in e["sessions"]
-                  if 0 < s["tokens"] < int(CPU_VALUES["MAX_RESPONSE_LENGTH"])]
-    assert unfinished, "some aborted responses were genuinely unfinished"
-    checked = 0
-    for event, session in unfinished:
-        dump = run.dumps / f"{event['step'] + 1}.jsonl"
+def test_restart_regenerates_aborted_prompts(restart_without_sync_run):
+    metrics, events = restart_without_sync_run.metrics(), events_of(restart_without_sync_run)
+    assert events and not any(e["resumes_next"] for e in events)
+    assert all(m["rollout/over_sample/resumed_groups"] == 0 for m in metrics.values())
+    assert {m["training/off_policy/trajectory_spans/max"] for m in metrics.values()} == {1}
+
+
+def test_continue_resumes_genuinely_unfinished_responses(continue_run):
+    """A group aborted with every response unfinished (below that step's limit, no EOS: ``abort`` in the trace) is
+    resumed by the next step: each trained response is the partial response it was aborted with followed by the
+    rest (verl's dump of the trained text starts with the aborted text, the trace has more tokens for each: the
+    rest may be a lone EOS, which the text does not show) and spans two policy versions.
+    A resumed group that loses the race again has used its one resume (``max_resumes=1``) and restarts."""
+    metrics, events, traces = continue_run.metrics(), events_of(continue_run), continue_run.traces()
+    aborted_at = {(e["step"], e["dataset_item_idx"]) for e in events}
+    checked, spanning = 0, set()
+    for event in events:
+        step, row = event["step"], event["dataset_item_idx"]
+        rec = traces[step]
+        finish = [f for r, f in zip(rec["rows"][BATCH * N:], rec["finish"][BATCH * N:]) if r == row]
+        if not event["resumes_next"] or finish != ["abort"] * N:
+            continue
+        if (step + 1, row) in aborted_at:  # lost again: no second resume
+            assert not next(e for e in events if (e["step"], e["dataset_item_idx"]) == (step + 1, row))["resumes_next"]
+            continue
+        dump = continue_run.dumps / f"{step + 1}.jsonl"
         trained = [json.loads(line) for line in dump.read_text().splitlines()]
-        match = [t for t in trained if t["input"] == event["prompt"] and int(t["uid"].rsplit("_", 2)[1]) == session["session"]]
-        assert len(match) == 1, f"resumed group of row {event['dataset_item_idx']} trained at step {event['step'] + 1}"
-        partial = session["text"].rstrip("\ufffd")  # a byte-level token may end mid-character
-        assert match[0]["output"].startswith(partial) and len(match[0]["output"]) > len(partial)
+        for session in event["sessions"]:
+            match = [t for t in trained
+                     if t["input"] == event["prompt"] and int(t["uid"].rsplit("_", 2)[1]) == session["session"]]
+            assert len(match) == 1, f"row {row} resumed at step {step + 1}"
+            partial = session["text"].rstrip("\ufffd")  # a byte-level token may end mid-character
+            assert match[0]["output"].startswith(partial)
+        nxt = traces[step + 1]
+        lengths = sorted(n for r, n in zip(nxt["rows"][:BATCH * N], nxt["lengths"][:BATCH * N]) if r == row)
+        # a longer response per session exists iff the sorted lengths dominate the sorted partial lengths
+        assert all(a > b for a, b in zip(lengths, sorted(s["tokens"] for s in event["sessions"]))), (row, lengths)
         checked += 1
-    resumed_steps = [s for s, m in metrics.items() if m["rollout/over_sample/resumed_groups"] > 0]
-    assert resumed_steps and all(spans[s] == 2 for s in resumed_steps)
-    assert checked >= 1
+        spanning.add(step + 1)
+    assert checked, "no group was aborted mid-response and trained after its resume"
+    assert all(metrics[s]["training/off_policy/trajectory_spans/max"] == 2 for s in spanning)
+    resumed = [s for s, m in metrics.items() if m["rollout/over_sample/resumed_groups"] > 0]
+    assert set(resumed) >= spanning

@@ -257,3 +257,19 @@ def test_shellcheck():
         pytest.skip("shellcheck not installed")
     out = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
+
+
+def test_first_epoch_rollout_time_is_reported_apart():
+    """A warm-started arm differs from a cold one in its first epoch: the table shows it apart from the rest."""
+    import pandas as pd
+
+    from recipe.report.load import Run
+    from recipe.report.summary import summarize
+
+    metrics = pd.DataFrame({"timing_s/gen": [4.0, 6.0, 1.0, 3.0], "timing_s/step": [5.0] * 4}, index=[1, 2, 3, 4])
+    traces = pd.DataFrame({"step": [1, 2, 3, 4], "epoch": [0, 0, 1, 1], "response_length": [1] * 4, "cap": [None] * 4,
+                           "finish_reason": ["eos"] * 4})
+    out = summarize(Run("r", Path("."), metrics, traces))
+    assert out["gen time/step mean, first epoch [s]"] == 5.0 and out["gen time/step mean, later epochs [s]"] == 2.0
+    one_epoch = summarize(Run("r", Path("."), metrics.iloc[:2], traces.iloc[:2]))
+    assert one_epoch["gen time/step mean, later epochs [s]"] is None

@@ -1,4 +1,4 @@
-"""The comparison arms differ from the resampler arm in exactly the keys the README names, and in nothing else.
+"""The comparison arms differ from the resampler arm in exactly the keys docs/training.md names, and in nothing else.
 
 ``BASELINE_NO_RESAMPLE=1`` (the fair baseline) turns the sampler and the cap off and reads the data in verl's seeded
 random order; ``VLLM_EAGER_BASELINE_NO_RESAMPLE=1`` (the seed's baseline) does the same and also runs vLLM eagerly,
@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from recipe.preflight import run_preflight
 
 ARR = "actor_rollout_ref"
-# What turns a resampler run into a baseline run (README, "Baseline vs resampler").
+# What turns a resampler run into a baseline run (docs/training.md, "Baseline vs resampler").
 FAIR = {"data.sampler.class_path", "recipe.cap.enable", "data.shuffle"}
 EAGER = FAIR | {f"{ARR}.rollout.enforce_eager"}
 

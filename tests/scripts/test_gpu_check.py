@@ -58,9 +58,13 @@ def test_refuses_without_a_gpu_and_rejects_bad_arguments(run_script, tmp_path):
 @pytest.fixture
 def stand_in_python(tmp_path):
     """The real interpreter, except for the GPU commands: torchrun writes a structural dist checkpoint (status
-    $CONVERT_STATUS), ``recipe.gpu_check logits`` reports a logits failure, ``recipe.main`` exits 0."""
+    $CONVERT_STATUS), ``recipe.gpu_check logits`` reports a logits failure, ``recipe.main`` exits 0, and the
+    preflight checks this CPU venv as a CPU stack."""
     py = tmp_path / "python"
     py.write_text(f"""#!/usr/bin/env bash
+if [[ "$1 $2" == "-m recipe.preflight" ]]; then  # this is the CPU venv; the GPU stack check has its own tests
+    RECIPE_STACK_TARGET=cpu exec {sys.executable} "$@"
+fi
 if [[ "$1 $2" == "-m recipe.main" ]]; then echo "MAIN $*"; exit 0; fi
 if [[ "$1 $2 $3" == "-m recipe.gpu_check logits" ]]; then
     echo "weights PASS: 135 tensors equal; logits FAIL: mean KL 1.8e-02"; exit 1

@@ -203,6 +203,32 @@ def test_recipe_settings_errors_name_the_variable(env_30b):
     error_with(run_preflight([], {**env_30b, "SAMPLER_EMA_DECAY": "1.5"}), "SAMPLER_EMA_DECAY", "<= 0.999")
 
 
+def test_tail_cut_contradictions_name_both_switches(env_30b):
+    """The tail cut trains the stragglers truncated, the over-sampler re-queues them: not both. Its default level
+    term reads the sampler's estimates, so the baseline arm (no sampler) must turn it off."""
+    error_with(run_preflight([], {**env_30b, "TAIL_CUT_ENABLE": "1", "OVER_SAMPLE_ENABLE": "1"}),
+               "TAIL_CUT_ENABLE", "OVER_SAMPLE_ENABLE", "choose one")
+    error_with(run_preflight([], {**env_30b, "TAIL_CUT_ENABLE": "1", "BASELINE_NO_RESAMPLE": "1"}),
+               "TAIL_CUT_LEVEL_EXPONENT", "set TAIL_CUT_LEVEL_EXPONENT=0")
+    report = run_preflight([], {**env_30b, "TAIL_CUT_ENABLE": "1", "BASELINE_NO_RESAMPLE": "1",
+                                "TAIL_CUT_LEVEL_EXPONENT": "0"})
+    assert report.ok, report.errors
+    assert report.config["recipe"]["tail_cut"] == {"enable": True, "fraction": 0.975, "level_exponent": 0.0}
+
+
+def test_cpu_preset_keeps_seeded_requests_out_of_chunked_prefill(tmp_path):
+    """vLLM CPU crashes on a chunked prefill of a seeded request (found by the e2e over-sample run): the CPU config
+    prefills whole prompts, and turning chunked prefill back on with the preset's sampling seed is refused."""
+    env = {"PRESET": "cpu", "CKPT_ROOT": str(tmp_path)}
+    report = run_preflight([], env)
+    assert report.ok, report.errors
+    assert report.config["actor_rollout_ref"]["rollout"]["enable_chunked_prefill"] is False
+    error_with(run_preflight(["actor_rollout_ref.rollout.enable_chunked_prefill=true"], env),
+               "enable_chunked_prefill=True", "ROLLOUT_SAMPLING_SEED", "unset ROLLOUT_SAMPLING_SEED")
+    report = run_preflight(["actor_rollout_ref.rollout.enable_chunked_prefill=true", "recipe.sampling_seed=null"], env)
+    assert report.ok, report.errors
+
+
 def test_a_cap_floor_above_the_response_length_is_a_note_not_an_error(env_tiny):
     report = run_preflight([], {**env_tiny, "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS": "4096"})
     assert report.ok, report.errors

@@ -1,5 +1,8 @@
 """The real-engine replay's cheap parts: CLI, the dry mode (engine model behind the same executor interface), the
 results section, the scaling helpers, and the shell wrapper. The replay on vLLM itself is a benchmark, not a test."""
+import asyncio
+import dataclasses
+import functools
 import importlib.util
 import json
 import shutil
@@ -16,6 +19,7 @@ from recipe.sim.policies import ONPOLICY_CAP, POLICIES
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@functools.cache
 def _load_replay():
     spec = importlib.util.spec_from_file_location("rollout_replay", ROOT / "bench" / "rollout_replay.py")
     mod = importlib.util.module_from_spec(spec)
@@ -107,6 +111,8 @@ def test_trace_and_policy_scaling():
     best = POLICIES["best"].scaled(1 / 64)
     assert (best.oversample_ratio, best.oversample_requeue, best.max_resumes, best.cap) == (
         POLICIES["best"].oversample_ratio, "continue", POLICIES["best"].max_resumes, "none")
+    on = POLICIES["tailcut-level"]  # the tail cut counts responses, not tokens: it does not scale
+    assert (on.scaled(1 / 64).tail_cut, on.scaled(1 / 64).tail_cut_exponent) == (on.tail_cut, on.tail_cut_exponent)
 
 
 def test_shell_wrapper():
@@ -120,3 +126,81 @@ def test_shell_wrapper():
                          env={"PATH": "/usr/bin:/bin", "BENCH_SKIP_BOOTSTRAP": "1", "HOME": str(Path.home())})
     assert out.returncode == 0, out.stderr
     assert "--dry-run" in out.stdout and "--results" not in out.stderr  # --help: nothing is written
+
+
+class _FakeEngine:
+    """Just enough of ``InProcessVLLM`` for ``VLLMExecutor``: one token per tick for every running request, the
+    final output only, ``abort_all`` ends the running streams with their tokens so far (vLLM's behaviour)."""
+
+    class _Core:
+        def __init__(self, outer):
+            self.outer = outer
+
+        async def reset_prefix_cache(self):
+            pass
+
+        async def generate(self, prompt, params, request_id, priority=0):
+            from types import SimpleNamespace
+            tokens, reason = [], "length"
+            self.outer.running += 1
+            try:
+                while len(tokens) < params.max_tokens:
+                    if self.outer.aborted:
+                        reason = "abort"
+                        break
+                    await asyncio.sleep(0.0005)
+                    tokens.append(7)
+            finally:
+                self.outer.running -= 1
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, finish_reason=reason)])
+
+    def __init__(self):
+        from types import SimpleNamespace
+        self.engine, self.preemptions = self._Core(self), SimpleNamespace(count=0)
+        self.running, self.aborted = 0, False
+
+    def run(self, coro, timeout=None):
+        self.aborted = False
+        return asyncio.run(coro)
+
+    async def abort_all(self):
+        self.aborted = True
+        return []
+
+    async def wait_until_idle(self, timeout=10.0):
+        while self.running:
+            await asyncio.sleep(0.001)
+        return {}
+
+
+def test_real_engine_executor_applies_the_tail_cut(monkeypatch, tmp_path):
+    """The replay aborts a tail-cut step where the trainer would (``TailCut.should_cut`` on the finished count) and
+    the aborted responses keep their tokens and are trained as truncated; vLLM itself is faked."""
+    from types import ModuleType, SimpleNamespace
+
+    from recipe.core.tailcut import TailCut
+    from recipe.sim.policies import register
+    from recipe.sim.run import iter_policy
+
+    fake = ModuleType("vllm")
+    fake.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    inputs, sp = ModuleType("vllm.inputs"), ModuleType("vllm.sampling_params")
+    inputs.TokensPrompt = lambda **kw: kw
+    sp.RequestOutputKind = SimpleNamespace(FINAL_ONLY=2)
+    for name, mod in (("vllm", fake), ("vllm.inputs", inputs), ("vllm.sampling_params", sp)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    replay = _load_replay()  # vLLM is imported by the executor's step only, so the fake above is what it finds
+    trace = T.generate("reference", num_prompts=16, n=4, epochs=2).scaled(64)
+    register(dataclasses.replace(POLICIES["tailcut"], name="test-replay-tailcut", tail_cut=0.75).scaled(64 / 16384))
+    try:
+        ex = replay.VLLMExecutor(_FakeEngine(), [[1, 2, 3]] * 16, n=4)
+        steps = list(iter_policy(trace, "test-replay-tailcut", ex, batch_size=4, previous=trace.previous_run(),
+                                 record_path=tmp_path / "cut.jsonl"))
+    finally:
+        del POLICIES["test-replay-tailcut"]
+    recs = [json.loads(line) for line in (tmp_path / "cut.jsonl").read_text().splitlines()]
+    aborted = [sum(f == "abort" for f in r["finish"]) for r in recs]
+    allowed = 16 - TailCut(0.75).finished_needed(16)
+    assert len(steps) == len(recs) == 8 and sum(aborted) > 0
+    for s, a in zip(steps, aborted):
+        assert s.responses == 16 and a <= allowed and s.truncated >= a  # stopped responses count as truncated

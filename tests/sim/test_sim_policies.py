@@ -9,11 +9,11 @@ import pytest
 
 from recipe.core.cap import SeedCap
 from recipe.core.estimates import LengthEstimates
+from recipe.core.tailcut import TailCut
 from recipe.sim import trace as T
 from recipe.sim.engine import EngineParams
 from recipe.sim.policies import POLICIES, PolicySpec, make_policy, register
 from recipe.sim.run import run_policy, simulate, summarize
-from recipe.sim.tailcut import TailCut
 
 TRACE = T.generate("reference", num_prompts=128, n=8, epochs=3)
 PREVIOUS = TRACE.previous_run()
@@ -189,17 +189,53 @@ def test_continue_bounds_policy_versions(max_resumes):
         assert sum(st.tokens for st in run.steps) == TRACE.lengths.sum()
 
 
-def test_tail_cut_stops_stragglers_and_counts_them_truncated():
-    assert TailCut(0.5).cut_time([4.0, 1.0, 3.0, 2.0]) == 2.0
-    assert TailCut(1.0).cut_time([4.0, 1.0]) == 4.0
+@pytest.mark.parametrize("exponent", [0.0, 1.0])
+def test_tail_cut_stops_stragglers_and_counts_them_truncated(tmp_path, exponent):
+    """Each step ends once TailCut.finished_needed responses are done; every response it stops is trained as
+    truncated (finish reason "abort", counted in truncated_fraction like a cap hit); with a level exponent the
+    allowance follows the batch's level, so long batches leave more running than short ones."""
+    register(dataclasses.replace(POLICIES["tailcut"], name="test-tailcut", tail_cut=0.9, tail_cut_exponent=exponent))
     register(dataclasses.replace(POLICIES["tailcut"], name="test-no-tailcut", tail_cut=1.0))
     try:
-        run = run_policy(TRACE, "tailcut", EngineParams(), batch_size=16, previous=PREVIOUS)
+        run = run_policy(TRACE, "test-tailcut", EngineParams(), batch_size=16, previous=PREVIOUS,
+                         record_path=tmp_path / "cut.jsonl")
         full = run_policy(TRACE, "test-no-tailcut", EngineParams(), batch_size=16, previous=PREVIOUS)
     finally:
-        del POLICIES["test-no-tailcut"]
+        del POLICIES["test-tailcut"], POLICIES["test-no-tailcut"]
     assert sum(s.time_s for s in run.steps) < sum(s.time_s for s in full.steps)
-    assert sum(s.truncated for s in run.steps) >= 0.01 * sum(s.responses for s in run.steps)
+    cut = TailCut(0.9, exponent)
+    recs = [json.loads(line) for line in (tmp_path / "cut.jsonl").read_text().splitlines()]
+    stopped = np.array([sum(f == "abort" for f in r["finish"]) for r in recs])
+    level = np.array([np.nanmean(np.array(r["predicted"], dtype=float)) for r in recs])
+    for rec, step, aborted in zip(recs, run.steps, stopped):
+        assert step.truncated >= aborted and step.responses == len(rec["lengths"])
+        if exponent == 0:  # the responses still running at the cut
+            assert aborted <= len(rec["lengths"]) - cut.finished_needed(len(rec["lengths"]))
+    warm = np.array([st.epoch > 0 for st in run.steps])
+    s = summarize(run, TRACE.epochs, TRACE.num_prompts)
+    assert stopped.sum() > 0
+    assert s["truncated_fraction"] >= stopped[warm].sum() / sum(st.responses for st in run.steps if st.epoch > 0)
+    if exponent > 0:
+        long = level[warm] > np.median(level[warm])
+        assert stopped[warm][long].mean() > stopped[warm][~long].mean()
+
+
+def test_tail_cut_level_is_the_batch_level_at_planning():
+    policy = make_policy("tailcut-level", num_rows=TRACE.num_prompts, batch_size=16,
+                         response_length=TRACE.response_length, previous=PREVIOUS)
+    policy.start_epoch(0)  # warm-started: epoch 0 already has estimates, and a level
+    plan = policy.plan_step()
+    every = policy.estimates.get(np.arange(TRACE.num_prompts), fill_prior=False)
+    assert plan.cut_level == pytest.approx(np.nanmean(plan.predicted) / np.nanmean(every)) != 1.0
+    plain = make_policy("tailcut", num_rows=TRACE.num_prompts, batch_size=16, response_length=TRACE.response_length,
+                        previous=PREVIOUS)
+    plain.start_epoch(0)
+    assert plain.plan_step().cut_level == 1.0  # no exponent: no level
+
+
+def test_tail_cut_with_over_sampling_is_refused():
+    with pytest.raises(ValueError, match="tail_cut < 1 with oversample_ratio > 0"):
+        dataclasses.replace(POLICIES["best"], name="x", tail_cut=0.98)
 
 
 def test_determinism_and_seed_sensitivity():

@@ -1,0 +1,76 @@
+"""Tail cut on verl 0.9.1's v1 sync trainer (driver side): end a step's rollout once enough of it is done.
+
+``recipe.core.tailcut.TailCut`` decides when; this module watches and acts. While verl's replay buffer waits for the
+step's groups (between ``on_sample_begin`` and ``on_sample_end``), a thread polls TransferQueue, where verl's
+agent-loop worker writes each response's record as soon as it is done, and once ``TailCut.should_cut`` says so it
+aborts the requests still running on every replica (``abort_replicas``). vLLM returns their partial tokens, verl's
+agent loops finish them as shorter responses, every group completes, and the step trains on all of them: the cut
+responses count as truncated (censored in the estimates, ``cut`` in the traces, like a cap hit). No group is dropped
+and nothing is resumed, so it stays on-policy and every prompt is trained once per epoch. Generation re-opens after
+the weight update (``resume``). Not combinable with over-sampling, which aborts for another reason.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import transfer_queue as tq
+
+from ..core.tailcut import TailCut
+
+logger = logging.getLogger(__name__)
+
+
+class TailCutMonitor:
+    def __init__(self, cut: TailCut, rollout_n: int, poll_s: float = 0.05):
+        self.cut, self.rollout_n, self.poll_s = cut, int(rollout_n), poll_s
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.done_at_cut: set[str] | None = None  # response keys finished when the step was cut (None: no cut)
+        self.last_metrics: dict[str, float] = {}
+
+    def start(self, checkpoint_manager, uids: list[str], level: float, partition_id: str = "train") -> None:
+        """Watch the step launched as ``uids`` (one GRPO group each) until ``stop``."""
+        self.done_at_cut, self._stop = None, threading.Event()
+        launched = len(uids) * self.rollout_n
+        self._thread = threading.Thread(target=self._watch, name="recipe-tail-cut", daemon=True,
+                                        args=(checkpoint_manager, set(uids), launched, level, partition_id))
+        self._thread.start()
+
+    def _finished(self, uids: set[str], partition_id: str) -> set[str]:
+        items = (tq.kv_list(partition_id) or {}).get(partition_id, {})
+        return {k for k, tag in items.items()
+                if not tag.get("is_prompt", False) and k.rsplit("_", 2)[0] in uids and tag.get("status") == "success"}
+
+    def _watch(self, checkpoint_manager, uids: set[str], launched: int, level: float, partition_id: str) -> None:
+        try:
+            while not self._stop.is_set():
+                done = self._finished(uids, partition_id)
+                if len(done) >= launched:
+                    return
+                if self.cut.should_cut(len(done), launched, level):
+                    self.done_at_cut = done
+                    checkpoint_manager.abort_replicas(reject_request=False)
+                    return
+                time.sleep(self.poll_s)
+        except Exception:  # noqa: BLE001 - a failed watch must not take the step down: it only loses the cut
+            logger.exception("tail cut: the watch failed; this step runs to the end")
+
+    def stop(self, launched_responses: int) -> dict[str, float]:
+        """End the watch (the step's groups are all done); returns the step's tail-cut metrics."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        cut = self.done_at_cut is not None
+        self.last_metrics = {
+            "rollout/tail_cut/cut": float(cut),
+            "rollout/tail_cut/cut_responses": float(launched_responses - len(self.done_at_cut)) if cut else 0.0,
+        }
+        return self.last_metrics
+
+    def resume(self, checkpoint_manager) -> None:
+        """After the weight update: re-open generation on the replicas the cut paused."""
+        if self.done_at_cut is not None:
+            checkpoint_manager.resume_generation_replicas()
