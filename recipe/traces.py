@@ -37,7 +37,8 @@ TRACE_COLUMNS = (
 
 
 def finish_reasons(
-    lengths: Sequence[int], cap: int | None, response_length: int, aborted: Sequence[bool] | None = None
+    lengths: Sequence[int], cap: int | None, response_length: int, aborted: Sequence[bool] | None = None,
+    stopped_as: str = "abort",
 ) -> list[str]:
     """Why each response stopped, inferred from its length.
 
@@ -48,6 +49,8 @@ def finish_reasons(
     2. ``"length"``: ``length >= response_length``;
     3. ``"abort"``: ``aborted[i]`` (the over-sampler cancelled it before EOS or a limit; its length is a lower bound);
     4. ``"eos"``.
+
+    ``stopped_as`` names rule 3's reason: ``"cut"`` for responses the tail cut stopped (trained, not re-queued).
 
     Like verl's ``response_length/clip_ratio``, a response that emitted EOS exactly at the limit counts as truncated:
     the token ids alone cannot tell the two apart.
@@ -62,7 +65,7 @@ def finish_reasons(
         elif n >= response_length:
             reasons.append("length")
         elif aborted is not None and aborted[i]:
-            reasons.append("abort")
+            reasons.append(stopped_as)
         else:
             reasons.append("eos")
     return reasons

@@ -171,21 +171,21 @@ class OverSampleDriver:
             # partial lengths are lower bounds: they may raise an estimate, never lower it
             trainer.length_sampler.update(rows, lengths, censored=self.last_aborted.censored())
             if self.controller.requeue == "continue":
-                keep_uids = self._keep_partials(launch, traj, items, responses)
+                keep_uids = self._keep_partials(launch, traj, items, responses, cut)
                 kept_tokens = int(sum(n for k, n in zip(traj, lengths.tolist()) if k.split("_", 1)[0] in keep_uids))
         drop = [k for k in traj if k.split("_", 1)[0] not in keep_uids]
         tq.kv_clear(keys=sorted(leftover) + drop, partition_id=launch.partition_id)
         return tokens, kept_tokens
 
-    def _keep_partials(self, launch: Launch, traj: list[str], items: dict, responses) -> set[str]:
+    def _keep_partials(self, launch: Launch, traj: list[str], items: dict, responses, cut: np.ndarray) -> set[str]:
         """Register a ``PartialRef`` for each aborted group allowed another resume; returns their uids."""
         row_of = dict(zip(launch.uids, launch.rows.tolist()))
         cap_of = dict(zip(launch.uids, launch.extra["caps"].tolist()))
-        by_uid: dict[str, dict[int, tuple[list[int], int]]] = {}
-        for key, seq in zip(traj, responses):
+        by_uid: dict[str, dict[int, tuple[list[int], bool, int]]] = {}
+        for key, seq, was_cut in zip(traj, responses, cut.tolist()):
             uid, session, _ = key.rsplit("_", 2)
             version = items[key].get("min_global_steps")
-            by_uid.setdefault(uid, {})[int(session)] = (seq, version)
+            by_uid.setdefault(uid, {})[int(session)] = (seq, was_cut, version)
         kept = set()
         for uid, sessions in by_uid.items():
             row = row_of[uid]
@@ -194,9 +194,10 @@ class OverSampleDriver:
             if len(sessions) != self.rollout_n or not self.controller.keeps_partial(resumes):
                 continue
             limit = cap_of[uid] if 0 < cap_of[uid] < self.response_length else self.response_length
-            complete = [bool(tok) and (tok[-1] in self.stop_token_ids or len(tok) >= limit)
-                        for tok, _ in (sessions[s] for s in range(self.rollout_n))]
-            versions = [v for _, v in sessions.values() if v is not None]
+            # done: stopped by EOS before the abort (``cut`` False), or at this launch's limit
+            complete = [bool(tok) and (not was_cut or len(tok) >= limit)
+                        for tok, was_cut, _ in (sessions[s] for s in range(self.rollout_n))]
+            versions = [v for _, _, v in sessions.values() if v is not None]
             self.partials[row] = PartialRef(
                 key_prefix=uid, partition_id=launch.partition_id, complete=complete,
                 min_version=int(min(versions)) if versions else 0, resumes=resumes + 1,

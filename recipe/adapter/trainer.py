@@ -294,8 +294,8 @@ class LengthAwareTrainer(PPOTrainerSync):
         keys = self.train_dataset.prompt_keys()
         preempted = [p.num_preempted if p.num_preempted is not None else np.full(len(p.rows), -1) for p in parts]
         cap = int(resp.caps.max()) or None
-        finish = [("cut" if f == "abort" else f) for f in finish_reasons(resp.lengths, cap, resp.response_length,
-                                                                          resp.aborted)]
+        # a trained response is "aborted" only when the tail cut stopped it (over-sample aborts are never trained)
+        finish = finish_reasons(resp.lengths, cap, resp.response_length, resp.aborted, stopped_as="cut")
         if len(parts) > 1:
             finish += finish_reasons(aborted.lengths, cap, aborted.response_length, aborted.aborted)
         self.trace_writer.append(
