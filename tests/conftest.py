@@ -17,12 +17,12 @@ PROMPT_LENGTH, RESPONSE_LENGTH, ENGINE_MAX_MODEL_LEN = 256, 64, 2048
 
 def pytest_collection_modifyitems(items):
     """Tests that use the engine are ``engine`` tests even if they forget the marker (``-m "not engine"`` works).
-    The end-to-end runs go first: each starts its own vLLM replica and FSDP workers, which must not share the two
-    cores and the memory with the session's in-process engine (alive from its first use to the session's end)."""
+    The end-to-end tests go last: their runs start in the background when collection ends (tests/e2e/conftest.py)
+    and take longer than everything else, which runs beside them meanwhile."""
     for item in items:
         if "vllm_engine" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.engine)
-    items.sort(key=lambda item: "/tests/e2e/" not in str(item.fspath))
+    items.sort(key=lambda item: "/tests/e2e/" in str(item.fspath))
 
 
 @pytest.fixture(scope="session")

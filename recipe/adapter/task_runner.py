@@ -12,11 +12,14 @@ from contextlib import contextmanager
 
 import ray
 from verl.trainer.main_ppo import TaskRunnerV1
-from verl.trainer.ppo.v1 import trainer_base
 
 
 @contextmanager
 def sync_trainer_is(trainer_cls):
+    # imported here, in the actor: the driver imports this module only to launch the actor, and verl's v1 trainer
+    # stack costs it several seconds of start-up per run
+    from verl.trainer.ppo.v1 import trainer_base
+
     registry = trainer_base.TRAINER_REGISTRY
     previous = registry.get("sync")
     registry["sync"] = trainer_cls

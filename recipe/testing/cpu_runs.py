@@ -3,7 +3,7 @@ hard time limit, every process it started found by a marker in its environment a
 
 Used by ``tests/e2e`` (verl's real loop on the CPU preset). A run is ``bash scripts/train_grpo.sh`` with
 ``CKPT_ROOT=<base>/<name>``; :class:`Run` reads what it left: verl's file-logger metrics, the recipe's length traces,
-the console output.
+the console output. :class:`RunPool` runs a session's runs in the background, a few at a time.
 """
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,6 +105,8 @@ class Launcher:
     def __init__(self, base: Path):
         self.base = base
         self.markers: list[str] = []
+        self.closed = False
+        self._lock = threading.Lock()  # a start and the clean-up do not interleave (runs start from pool threads)
 
     def env(self, ckpt_root: Path, marker: str, extra: dict) -> dict:
         keep = ("HOME", "LANG", "TMPDIR", "PATH", "RECIPE_FIXTURE_CACHE")
@@ -111,14 +116,17 @@ class Launcher:
     def start(self, name: str, extra: dict | None = None, args: tuple = (), cmd: list | None = None
               ) -> tuple[subprocess.Popen, Path, str]:
         """Start ``bash scripts/train_grpo.sh ARGS`` (or ``cmd``) in its own session with ``CKPT_ROOT=<base>/name``."""
-        ckpt_root = self.base / name
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        marker = f"{name}-{uuid.uuid4().hex[:8]}"
-        self.markers.append(marker)
-        log = open(ckpt_root / f"launch-{len(self.markers)}.out", "w")
-        proc = subprocess.Popen(cmd or ["bash", str(REPO / "scripts" / "train_grpo.sh"), *args], cwd=REPO,
-                                env=self.env(ckpt_root, marker, extra or {}), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        with self._lock:
+            if self.closed:
+                raise RuntimeError(f"launcher closed (the session is ending): {name} not started")
+            ckpt_root = self.base / name
+            ckpt_root.mkdir(parents=True, exist_ok=True)
+            marker = f"{name}-{uuid.uuid4().hex[:8]}"
+            self.markers.append(marker)
+            log = open(ckpt_root / f"launch-{len(list(ckpt_root.glob('launch-*.out'))) + 1}.out", "w")
+            proc = subprocess.Popen(cmd or ["bash", str(REPO / "scripts" / "train_grpo.sh"), *args], cwd=REPO,
+                                    env=self.env(ckpt_root, marker, extra or {}), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         proc.log_path, proc.marker = Path(log.name), marker
         return proc, ckpt_root, marker
 
@@ -175,8 +183,43 @@ class Launcher:
         return run
 
     def cleanup(self) -> None:
+        """Refuse further launches and kill every process of every run started (a run's waits then return)."""
+        with self._lock:
+            self.closed = True
         for marker in self.markers:
             kill_marked(marker, wait_s=10.0)
+
+
+class RunPool:
+    """A session's runs, started in the background when the session starts, at most ``slots`` at a time, in the
+    order submitted (put the longest first), while the session's other tests run. A test asks for a run's
+    :class:`Run` with :meth:`result`, which waits for it (and raises what the run raised).
+
+    Measured on a 2-core machine: two runs alone side by side took 439 s, one after the other 576 s; but the whole
+    suite with two at a time beside the other tests took 23.6 min against 22.3 one after the other, since all of
+    it together is CPU-bound there. More slots pay on machines with more cores."""
+
+    def __init__(self, launcher: Launcher, slots: int):
+        if slots < 1:
+            raise ValueError(f"RunPool needs at least one slot, got {slots}")
+        self.launcher = launcher
+        self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="e2e-run")
+        self._futures: dict[str, Future] = {}
+
+    def submit(self, name: str, job: Callable[[Launcher], Run]) -> None:
+        self._futures[name] = self._executor.submit(job, self.launcher)
+
+    def result(self, name: str) -> Run:
+        if name not in self._futures:
+            raise KeyError(f"run {name!r} was not submitted; submitted: {sorted(self._futures)}")
+        return self._futures[name].result()
+
+    def close(self) -> None:
+        """Drop the runs not started, kill the ones running, and wait for their threads."""
+        for future in self._futures.values():
+            future.cancel()
+        self.launcher.cleanup()
+        self._executor.shutdown(wait=True)
 
 
 def require_success(run: Run) -> Run:

@@ -2,65 +2,29 @@
 
 Each run is verl 0.9.1's own v1 loop: ``LengthAwareTaskRunner`` -> ``LengthAwareTrainer``, verl's FSDP engine, one
 vLLM CPU replica started by verl (``vLLMHttpServer``), TransferQueue, verl's reward loop. The runs are expensive
-(~1 min of start-up each), so each is a session fixture shared by the tests that read it, started on first use.
-Every run has a hard time limit, and whatever it started (Ray, vLLM, FSDP workers) is found by a marker in the
-processes' environment and killed when it ends, passes or not (``recipe/testing/cpu_runs.py``): a hung run is a
-failed test, never a leak.
+(~2.5 min of start-up each), so each is a session fixture shared by the tests that read it. The runs the selected
+tests need all start in the background once collection ends, ``RECIPE_E2E_PARALLEL`` at a time (default:
+``default_slots``, one on this machine), while the session's other tests run (the e2e tests themselves go last:
+tests/conftest.py), and a fixture waits for its run (``recipe.testing.cpu_runs.RunPool``). Every run has a hard time limit, and whatever it started (Ray, vLLM, FSDP
+workers) is found by a marker in the processes' environment and killed when it ends, passes or not, and when the
+session ends: a hung run is a failed test, never a leak.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from recipe.testing.cpu_runs import Launcher, Run, require_success
+from recipe.testing.cpu_runs import Launcher, Run, RunPool, require_success
 
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if Path(str(item.fspath)).parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.e2e)
-
-
-@pytest.fixture(scope="session")
-def launcher(tmp_path_factory):
-    """Runs share one launcher; a SIGTERM to pytest (a CI timeout) still ends every run's processes."""
-    launcher = Launcher(tmp_path_factory.mktemp("e2e"))
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    try:
-        yield launcher
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        launcher.cleanup()
-
-
-def require_success(run: Run) -> Run:
-    assert run.returncode == 0, f"run failed ({run.returncode}); last output:\n{run.output[-6000:]}"
-    return run
-
+PARALLEL_ENV = "RECIPE_E2E_PARALLEL"
 
 # Checkpoints every 4 steps; the resampler run is killed mid-epoch 1 (steps 7-12) after global_step_8.
 CHECKPOINTS = {"SAVE_CKPT_ENABLE": "1", "TRAINER_SAVE_FREQ": "4", "MAX_CKPT_TO_KEEP": "10"}
 CHECKPOINT, KILL_AFTER_STEP = 8, 10
-
-
-@pytest.fixture(scope="session")
-def resampler_run(launcher) -> Run:
-    """The main command as a user runs it without a GPU (the CPU preset, with checkpoints), killed with SIGKILL
-    mid-epoch after a checkpoint and relaunched with the same command: the relaunch resumes through verl's
-    checkpoint manager and runs to the end. ``run.killed`` is the first launch (its output and its traces as they
-    were at the kill, i.e. the uninterrupted steps after the checkpoint)."""
-    return require_success(launcher.kill_and_relaunch("resampler", CHECKPOINTS, experiment="cpu-grpo-resampler",
-                                                      checkpoint=CHECKPOINT, kill_after_step=KILL_AFTER_STEP))
-
-
-@pytest.fixture(scope="session")
-def baseline_run(launcher) -> Run:
-    """The fair baseline arm: verl's seeded random order, no cap, everything else as the resampler run."""
-    return require_success(launcher.run("baseline", {"BASELINE_NO_RESAMPLE": "1", **CHECKPOINTS}))
-
 
 # Over-sampling: 10 groups launched per step (8 + 25%), vLLM runs 16 sequences at a time, so the groups that lose the
 # race are still generating (or waiting) when they are aborted; one epoch and two steps into the next. A random
@@ -73,29 +37,28 @@ OVER_SAMPLE = {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25", "ROLLOUT_
 OVER_SAMPLE_STEPS = 8
 
 
-@pytest.fixture(scope="session")
-def continue_run(launcher) -> Run:
-    """Over-sample ``continue`` (partial rollout) through the main command, without a cap as the off-policy ``best``
-    policy runs (a resumed response already past the next step's cap would be trained as it is, never continued),
-    and with vLLM priority scheduling, which admits the resumed groups first: under FCFS their requests reach vLLM
-    after the fresh ones (each first reads its partial from TransferQueue) and often lose the next race too. verl dumps the trained text of every step (``trainer.rollout_data_dir``) and the driver writes one event per
-    aborted group."""
+def _resampler(launcher: Launcher) -> Run:
+    return launcher.kill_and_relaunch("resampler", CHECKPOINTS, experiment="cpu-grpo-resampler",
+                                      checkpoint=CHECKPOINT, kill_after_step=KILL_AFTER_STEP)
+
+
+def _baseline(launcher: Launcher) -> Run:
+    return launcher.run("baseline", {"BASELINE_NO_RESAMPLE": "1", **CHECKPOINTS})
+
+
+def _continue(launcher: Launcher) -> Run:
     dumps = launcher.base / "os-continue" / "rollouts"
     run = launcher.run("os-continue", {**OVER_SAMPLE, "OVER_SAMPLE_REQUEUE": "continue",
                                        "VLLM_ROLLOUT_EARLY_STOP_ENABLE": "0", "ROLLOUT_SCHEDULING_POLICY": "priority"},
                        args=(f"trainer.total_training_steps={OVER_SAMPLE_STEPS}", "recipe.over_sample.abort_events=1",
                              f"trainer.rollout_data_dir={dumps}"), experiment="cpu-grpo-resampler-nocap-os")
     run.dumps = dumps
-    return require_success(run)
+    return run
 
 
-@pytest.fixture(scope="session")
-def restart_without_sync_run(launcher) -> Run:
-    """Two controls in one run (each launch costs a minute of start-up): over-sample ``restart`` on verl's real
-    server, and the weight push to vLLM removed (tests/e2e/no_weight_sync_driver.py: the same composed config and
-    TaskRunner as the main command, the trainer without verl's update_weights)."""
-    import os
-
+def _restart_without_sync(launcher: Launcher):
+    """The control driver's command is composed here, in the main thread (the preflight composes verl's config with
+    Hydra, whose global state the session's other tests use); the run itself starts later, in a pool thread."""
     from recipe.cpu.preset import CONFIG_NAME, PLATFORM_ENV
     from recipe.preflight import run_preflight
     from recipe.testing.cpu_runs import REPO
@@ -107,5 +70,95 @@ def restart_without_sync_run(launcher) -> Run:
     assert report.ok, report.errors
     cmd = [sys.executable, str(REPO / "tests" / "e2e" / "no_weight_sync_driver.py"), "--config-name", CONFIG_NAME,
            *report.overrides, f"trainer.total_training_steps={OVER_SAMPLE_STEPS}", "recipe.over_sample.abort_events=1"]
-    return require_success(launcher.run_command("restart-no-sync", cmd, {**PLATFORM_ENV, "PYTHONPATH": str(REPO)},
-                                                experiment="restart-no-sync"))
+    return lambda launcher: launcher.run_command("restart-no-sync", cmd, {**PLATFORM_ENV, "PYTHONPATH": str(REPO)},
+                                                 experiment="restart-no-sync")
+
+
+# fixture name -> (called in the main thread) -> the job a pool thread runs; longest first (the pool starts them in
+# this order): the resampler run is two launches.
+JOBS = {"resampler_run": lambda launcher: _resampler, "baseline_run": lambda launcher: _baseline,
+        "restart_without_sync_run": _restart_without_sync, "continue_run": lambda launcher: _continue}
+_session: dict = {}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if Path(str(item.fspath)).parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _runs_needed(item) -> set[str]:
+    """The runs a test reads: its fixtures, and run fixtures it takes as a parameter (``os_run``)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return {name for name in JOBS if name in getattr(item, "fixturenames", ()) or name in params.values()}
+
+
+def default_slots() -> int:
+    """Runs at once: one per 2 cores and per 8 GiB (a run peaks at ~2 cores and ~7 GiB). One on a 2-core machine,
+    where a run is CPU-bound: two side by side, with the other tests, took 23.6 min for the suite, one after the
+    other 22.3."""
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min((os.cpu_count() or 1) // 2, int(mem_gib // 8)))
+
+
+def pytest_collection_finish(session):
+    """Start, in the background, every run the selected tests need (nothing when no e2e test is selected)."""
+    needed = set().union(*(_runs_needed(item) for item in session.items))
+    if not needed or session.config.option.collectonly:
+        return
+    slots = os.environ.get(PARALLEL_ENV) or str(default_slots())
+    if not slots.isdigit() or int(slots) < 1:
+        raise pytest.UsageError(f"{PARALLEL_ENV}={slots!r}: set it to how many e2e runs may run at once (>= 1)")
+    launcher = Launcher(session.config._tmp_path_factory.mktemp("e2e"))
+    pool = RunPool(launcher, int(slots))
+    # a SIGTERM to pytest (a CI timeout) ends the session, and with it every run's processes
+    _session.update(pool=pool, sigterm=signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM)))
+    for name, prepare in JOBS.items():
+        if name in needed:
+            pool.submit(name, prepare(launcher))
+
+
+def pytest_sessionfinish(session):
+    if "pool" in _session:
+        _session.pop("pool").close()
+        signal.signal(signal.SIGTERM, _session.pop("sigterm"))
+
+
+def _result(name: str) -> Run:
+    if "pool" not in _session:
+        raise RuntimeError(f"{name}: the e2e runs were not started (tests/e2e/conftest.py pytest_collection_finish)")
+    return require_success(_session["pool"].result(name))
+
+
+@pytest.fixture(scope="session")
+def resampler_run() -> Run:
+    """The main command as a user runs it without a GPU (the CPU preset, with checkpoints), killed with SIGKILL
+    mid-epoch after a checkpoint and relaunched with the same command: the relaunch resumes through verl's
+    checkpoint manager and runs to the end. ``run.killed`` is the first launch (its output and its traces as they
+    were at the kill, i.e. the uninterrupted steps after the checkpoint)."""
+    return _result("resampler_run")
+
+
+@pytest.fixture(scope="session")
+def baseline_run() -> Run:
+    """The fair baseline arm: verl's seeded random order, no cap, everything else as the resampler run."""
+    return _result("baseline_run")
+
+
+@pytest.fixture(scope="session")
+def continue_run() -> Run:
+    """Over-sample ``continue`` (partial rollout) through the main command, without a cap as the off-policy ``best``
+    policy runs (a resumed response already past the next step's cap would be trained as it is, never continued),
+    and with vLLM priority scheduling, which admits the resumed groups first: under FCFS their requests reach vLLM
+    after the fresh ones (each first reads its partial from TransferQueue) and often lose the next race too. verl
+    dumps the trained text of every step (``trainer.rollout_data_dir``, ``run.dumps``) and the driver writes one
+    event per aborted group."""
+    return _result("continue_run")
+
+
+@pytest.fixture(scope="session")
+def restart_without_sync_run() -> Run:
+    """Two controls in one run (each launch costs minutes of start-up): over-sample ``restart`` on verl's real
+    server, and the weight push to vLLM removed (tests/e2e/no_weight_sync_driver.py: the same composed config and
+    TaskRunner as the main command, the trainer without verl's update_weights)."""
+    return _result("restart_without_sync_run")

@@ -12,10 +12,10 @@ BATCH, N = int(CPU_VALUES["TRAIN_BATCH_SIZE"]), int(CPU_VALUES["ROLLOUT_N"])
 STEPS_PER_EPOCH = N_TRAIN // BATCH
 
 
-@pytest.fixture(params=["continue", "restart"])
+@pytest.fixture(params=["continue_run", "restart_without_sync_run"], ids=["continue", "restart"])
 def os_run(request):
-    return request.param, request.getfixturevalue("continue_run" if request.param == "continue"
-                                                   else "restart_without_sync_run")
+    """(mode, run); the parameter is the run's fixture name, which tells conftest.py to start that run."""
+    return ("continue" if request.param == "continue_run" else "restart"), request.getfixturevalue(request.param)
 
 
 def events_of(run):
