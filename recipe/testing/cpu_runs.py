@@ -16,8 +16,8 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = int(os.environ.get("RECIPE_E2E_RUN_TIMEOUT_S", "900"))
@@ -195,9 +195,10 @@ class RunPool:
     order submitted (put the longest first), while the session's other tests run. A test asks for a run's
     :class:`Run` with :meth:`result`, which waits for it (and raises what the run raised).
 
-    Measured on a 2-core machine: two runs alone side by side took 439 s, one after the other 576 s; but the whole
-    suite with two at a time beside the other tests took 23.6 min against 22.3 one after the other, since all of
-    it together is CPU-bound there. More slots pay on machines with more cores."""
+    Measured on a 2-core machine: two runs alone side by side took 461 s, one after the other 566 s
+    (``bench/launch_cost.py``); but the whole suite with two at a time beside the other tests took 23.6 min against
+    22.3 one after the other, since all of it together is CPU-bound there. More slots pay on machines with more
+    cores."""
 
     def __init__(self, launcher: Launcher, slots: int):
         if slots < 1:

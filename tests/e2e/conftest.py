@@ -2,12 +2,12 @@
 
 Each run is verl 0.9.1's own v1 loop: ``LengthAwareTaskRunner`` -> ``LengthAwareTrainer``, verl's FSDP engine, one
 vLLM CPU replica started by verl (``vLLMHttpServer``), TransferQueue, verl's reward loop. The runs are expensive
-(~2.5 min of start-up each), so each is a session fixture shared by the tests that read it. The runs the selected
+(~3 min of start-up each), so each is a session fixture shared by the tests that read it. The runs the selected
 tests need all start in the background once collection ends, ``RECIPE_E2E_PARALLEL`` at a time (default:
 ``default_slots``, one on this machine), while the session's other tests run (the e2e tests themselves go last:
-tests/conftest.py), and a fixture waits for its run (``recipe.testing.cpu_runs.RunPool``). Every run has a hard time limit, and whatever it started (Ray, vLLM, FSDP
-workers) is found by a marker in the processes' environment and killed when it ends, passes or not, and when the
-session ends: a hung run is a failed test, never a leak.
+tests/conftest.py); a fixture waits for its run (``recipe.testing.cpu_runs.RunPool``). Every run has a hard time
+limit, and whatever it started (Ray, vLLM, FSDP workers) is found by a marker in the processes' environment and
+killed when it ends, passes or not, and when the session ends: a hung run is a failed test, never a leak.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def pytest_collection_finish(session):
     slots = os.environ.get(PARALLEL_ENV) or str(default_slots())
     if not slots.isdigit() or int(slots) < 1:
         raise pytest.UsageError(f"{PARALLEL_ENV}={slots!r}: set it to how many e2e runs may run at once (>= 1)")
-    launcher = Launcher(session.config._tmp_path_factory.mktemp("e2e"))
+    launcher = Launcher(session.config._tmp_path_factory.mktemp("e2e"))  # tmp_path_factory (no fixtures in a hook)
     pool = RunPool(launcher, int(slots))
     # a SIGTERM to pytest (a CI timeout) ends the session, and with it every run's processes
     _session.update(pool=pool, sigterm=signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM)))
