@@ -40,8 +40,10 @@ def marked_pids(marker: str) -> list[int]:
 
 
 def kill_marked(marker: str, sig=signal.SIGKILL, wait_s: float = 30.0) -> list[int]:
-    """Signal every process of a run; returns the ones still alive after ``wait_s``."""
-    deadline = time.monotonic() + wait_s
+    """Signal every process of a run; returns the ones still alive after ``wait_s``. It ends on the second empty scan
+    half a second after the first: a process caught in ``exec`` shows an empty environment for a moment (the kernel
+    sets it up after the parent already saw the exec succeed)."""
+    deadline, empty = time.monotonic() + wait_s, 0
     while True:
         pids = marked_pids(marker)
         for pid in pids:
@@ -49,7 +51,8 @@ def kill_marked(marker: str, sig=signal.SIGKILL, wait_s: float = 30.0) -> list[i
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        if not pids or time.monotonic() > deadline:
+        empty = 0 if pids else empty + 1
+        if empty == 2 or time.monotonic() > deadline:
             return pids
         time.sleep(0.5)
 
@@ -105,6 +108,7 @@ class Launcher:
     def __init__(self, base: Path):
         self.base = base
         self.markers: list[str] = []
+        self.procs: list[subprocess.Popen] = []
         self.closed = False
         self._lock = threading.Lock()  # a start and the clean-up do not interleave (runs start from pool threads)
 
@@ -127,6 +131,7 @@ class Launcher:
             proc = subprocess.Popen(cmd or ["bash", str(REPO / "scripts" / "train_grpo.sh"), *args], cwd=REPO,
                                     env=self.env(ckpt_root, marker, extra or {}), stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs.append(proc)
         proc.log_path, proc.marker = Path(log.name), marker
         return proc, ckpt_root, marker
 
@@ -183,9 +188,17 @@ class Launcher:
         return run
 
     def cleanup(self) -> None:
-        """Refuse further launches and kill every process of every run started (a run's waits then return)."""
+        """Refuse further launches and kill every process of every run started (a run's waits then return): each
+        launch's own process group (its session: this also catches a launch started a moment ago, whose marker may
+        not be readable yet), then everything carrying its marker (Ray and vLLM start processes in other groups)."""
         with self._lock:
             self.closed = True
+        for proc in self.procs:
+            if proc.poll() is None:  # not reaped: its pid, the group's id, cannot have been reused
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         for marker in self.markers:
             kill_marked(marker, wait_s=10.0)
 
