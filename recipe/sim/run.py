@@ -143,13 +143,19 @@ class ModelExecutor:
             kept = policy.oversample.select(finish.max(axis=1))
             t_end = float(finish.max(axis=1)[kept].max())
         if policy.tail_cut:
-            t_end = min(t_end, policy.tail_cut.cut_time(finish[kept], plan.cut_level))
+            t_end = min(t_end, self.cut_time(policy, plan, launch, finish, kept))
         now = todo.copy()
         if t_end < timing.time_s:
             now[live] = np.minimum(timing.tokens_by(t_end), todo[live])
         return StepResult(now=now, kept=kept, time_s=t_end, lower_bound_s=step_lower_bound(now[live], self.engine),
                           preemptions=int(timing.num_preempted.sum()),
                           recomputed_tokens=timing.recomputed_tokens)
+
+    def cut_time(self, policy: Policy, plan, launch: StepLaunch, finish: np.ndarray, kept: np.ndarray) -> float:
+        """When a tail-cut policy's step ends, given each launched response's finish time (``finish[row, sample]``)
+        and the kept groups: the policy's own rule. ``recipe.sim.foresight`` overrides it with a cut that knows the
+        future."""
+        return policy.tail_cut.cut_time(finish[kept], plan.cut_level)
 
 
 def iter_policy(trace: Trace, name: str, executor, *, batch_size: int, seed: int = 0,
@@ -215,10 +221,13 @@ def iter_policy(trace: Trace, name: str, executor, *, batch_size: int, seed: int
 
 
 def run_policy(trace: Trace, name: str, engine: EngineParams, *, batch_size: int, seed: int = 0,
-               record_path: str | Path | None = None, previous: Trace | None = None) -> PolicyRun:
-    """Replay every epoch of ``trace`` under policy ``name`` on the engine model (see ``iter_policy``)."""
+               record_path: str | Path | None = None, previous: Trace | None = None,
+               executor: ModelExecutor | None = None) -> PolicyRun:
+    """Replay every epoch of ``trace`` under policy ``name`` on the engine model (see ``iter_policy``);
+    ``executor``: a ``ModelExecutor`` subclass instance to run the steps instead (``recipe.sim.foresight``)."""
     out = PolicyRun(name=name, spec=POLICIES[name].to_dict() if name in POLICIES else {})
-    for _ in iter_policy(trace, name, ModelExecutor(engine, seed), batch_size=batch_size, seed=seed,
+    executor = executor or ModelExecutor(engine, seed)
+    for _ in iter_policy(trace, name, executor, batch_size=batch_size, seed=seed,
                          record_path=record_path, run=out, previous=previous):
         pass
     return out

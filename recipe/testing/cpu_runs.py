@@ -175,11 +175,7 @@ class Launcher:
                     and kill_after_step in read_records(traces))
 
         wait_for(ready, RUN_TIMEOUT_S, f"global_step_{checkpoint} and step {kill_after_step}")
-        for pid in marked_pids(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_marked(marker)
         self.wait(proc, timeout_s=60)
         left = read_records(traces)
         killed = Killed(proc.log_path.read_text(), left, checkpoint, sorted(s for s in left if s > checkpoint))

@@ -1,0 +1,188 @@
+"""How far a tail cut could take the on-policy goal: the foresight cut (``recipe.sim.foresight``, not realisable)
+next to the seed and ``tailcut-level``'s count rule, trace seed by trace seed.
+
+Reproduce: ``.venv/bin/python bench/cut_ceiling.py [--trace reference] [--seeds 0,1,2] [--results
+bench/RESULTS.md]`` (~1.5 minutes for three seeds on 2 cores; without ``--results`` it only prints).
+
+Per seed: ``baseline``, ``seed`` and ``tailcut-level`` as ``python -m recipe.sim`` runs them; then
+``tailcut-level`` with its cut replaced by the foresight cut, its ``lam`` searched on that very seed (bisection in
+log space) for the fastest run within an extra-truncation budget:
+
+* tailcut-level's own extra truncation on that seed (equal truncation: what the count rule leaves on the table),
+  once charging every response the cut stops (foresight of timing alone) and once charging only those that would
+  have ended with EOS (the full foresight: it also knows which stragglers are bound for the limit anyway);
+* the goal's +1 point: the most any cut can give on this order within the goal;
+* the same +1-point search on the ``level-oracle`` order (each prompt's true level in the epoch): a perfect
+  estimate of every prompt and a perfect cut together.
+
+Fitting ``lam`` on the reported seed is right for a ceiling and wrong for a policy: none of the foresight columns
+is a policy anyone can run.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from recipe.report.sections import write_section  # noqa: E402
+from recipe.sim import trace as T  # noqa: E402
+from recipe.sim.__main__ import MOONSHOT_EXTRA_TRUNCATION  # noqa: E402
+from recipe.sim.engine import EngineParams  # noqa: E402
+from recipe.sim.foresight import ForesightCutExecutor  # noqa: E402
+from recipe.sim.policies import POLICIES, PolicySpec, register  # noqa: E402
+from recipe.sim.run import run_policy, summarize  # noqa: E402
+
+COMMAND = ".venv/bin/python bench/cut_ceiling.py --results bench/RESULTS.md"
+MARK_START, MARK_END = "<!-- cut_ceiling:start -->", "<!-- cut_ceiling:end -->"
+CUT_POLICY = "tailcut-level"
+NOCUT_POLICY = "onpolicy-order"  # tailcut-level's order without the cut
+LEVEL_CUT_POLICY = "level-oracle + cut"  # the level order with a cut to replace (its count rule is never used)
+LAM_RANGE = (0.01, 1000.0)  # seconds per extra truncated response; at the top no step is worth cutting
+BISECTIONS = 12
+BATCH_SIZE = 32
+
+
+class Seeded:
+    """The runs of one trace seed, sharing the trace, the earlier run and the baseline."""
+
+    def __init__(self, trace_name: str, seed: int, batch_size: int = BATCH_SIZE, **trace_params):
+        self.seed, self.batch_size = seed, batch_size
+        self.trace = T.generate(trace_name, seed=seed, **trace_params)
+        self.previous = self.trace.previous_run()
+        self.engine = EngineParams()
+        self.baseline = self._run("baseline")
+        self.base_trunc = summarize(self.baseline, self.trace.epochs, self.trace.num_prompts)["truncated_fraction"]
+
+    def _run(self, name: str, lam: float | None = None, limit_bound_free: bool = True):
+        executor = (None if lam is None else
+                    ForesightCutExecutor(self.engine, self.seed, lam=lam, limit_bound_free=limit_bound_free))
+        return run_policy(self.trace, name, self.engine, batch_size=self.batch_size, seed=self.seed,
+                          previous=self.previous, executor=executor)
+
+    def entry(self, name: str, lam: float | None = None, limit_bound_free: bool = True) -> dict:
+        """``speedup`` over epochs 1-3 and ``extra`` truncation over the baseline (a fraction)."""
+        e = summarize(self._run(name, lam, limit_bound_free), self.trace.epochs, self.trace.num_prompts,
+                      self.baseline)
+        return {"speedup": e["speedup_vs_baseline"], "extra": e["truncated_fraction"] - self.base_trunc, "lam": lam}
+
+    def fastest_within(self, name: str, budget: float, limit_bound_free: bool = True) -> dict:
+        """The foresight cut's fastest run at most ``budget`` extra truncation: the smallest ``lam`` that keeps to
+        it (extra truncation falls as ``lam`` grows; at the top of ``LAM_RANGE`` nothing natural is cut)."""
+        lo, hi = (math.log(x) for x in LAM_RANGE)
+        best = self.entry(name, math.exp(hi), limit_bound_free)
+        if best["extra"] > budget + 1e-12:
+            raise RuntimeError(f"{name}: even lam={LAM_RANGE[1]} truncates {best['extra']:+.4f} > {budget}")
+        for _ in range(BISECTIONS):
+            mid = (lo + hi) / 2
+            e = self.entry(name, math.exp(mid), limit_bound_free)
+            if e["extra"] <= budget + 1e-12:
+                hi = mid
+                best = max(best, e, key=lambda x: x["speedup"])
+            else:
+                lo = mid
+        return best
+
+
+def register_level_cut() -> None:
+    """The level-oracle order as a tail-cut policy, so that the foresight executor has a cut to replace."""
+    if LEVEL_CUT_POLICY not in POLICIES:
+        spec = POLICIES[CUT_POLICY]
+        register(PolicySpec(LEVEL_CUT_POLICY, "the level-oracle order with a cut (not realisable)", order="level",
+                            tail_cut=spec.tail_cut, tail_cut_exponent=spec.tail_cut_exponent))
+
+
+def measure(trace_name: str, seeds: list[int], **kw) -> list[dict]:
+    """One row per seed (``kw``: ``Seeded``'s batch size and trace parameters, for a smaller trace)."""
+    register_level_cut()
+    rows = []
+    for seed in seeds:
+        t0 = time.perf_counter()
+        s = Seeded(trace_name, seed, **kw)
+        row = {"seed": seed, "seed_policy": s.entry("seed"), "count_rule": s.entry(CUT_POLICY),
+               "nocut": s.entry(NOCUT_POLICY)["speedup"]}
+        row["timing_equal"] = s.fastest_within(CUT_POLICY, row["count_rule"]["extra"], limit_bound_free=False)
+        row["foresight_equal"] = s.fastest_within(CUT_POLICY, row["count_rule"]["extra"])
+        row["foresight_goal"] = s.fastest_within(CUT_POLICY, MOONSHOT_EXTRA_TRUNCATION)
+        row["level_foresight_goal"] = s.fastest_within(LEVEL_CUT_POLICY, MOONSHOT_EXTRA_TRUNCATION)
+        rows.append(row)
+        print(f"# trace seed {seed}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return rows
+
+
+COLUMNS = (("seed_policy", "seed"), ("count_rule", f"{CUT_POLICY} (count rule)"),
+           ("timing_equal", "foresight of timing only, same truncation"),
+           ("foresight_equal", "foresight cut, same truncation"), ("foresight_goal", "foresight cut, <= +1 point"),
+           ("level_foresight_goal", "level-oracle order + foresight cut, <= +1 point"))
+
+
+def _cell(e: dict) -> str:
+    return f"{e['speedup']:.4f} ({100 * e['extra']:+.2f})"
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| trace seed | " + " | ".join(label for _, label in COLUMNS) + " |",
+             "|---" * (len(COLUMNS) + 1) + "|"]
+    for r in rows:
+        lines.append(f"| {r['seed']} | " + " | ".join(_cell(r[key]) for key, _ in COLUMNS) + " |")
+    mean = {key: {"speedup": float(np.mean([r[key]["speedup"] for r in rows])),
+                  "extra": float(np.mean([r[key]["extra"] for r in rows]))} for key, _ in COLUMNS}
+    lines.append("| mean | " + " | ".join(_cell(mean[key]) for key, _ in COLUMNS) + " |")
+    return lines
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    out = []
+    for r in rows:
+        seed, goal = r["seed_policy"]["speedup"], r["foresight_goal"]["speedup"]
+        out.append(f"- trace seed {r['seed']}: the best cut on this order within the goal is {goal:.4f}, the seed "
+                   f"{seed:.4f} ({100 * (goal / seed - 1):+.2f}%). At the count rule's truncation, foresight adds "
+                   f"{100 * (r['foresight_equal']['speedup'] / r['count_rule']['speedup'] - 1):+.2f}% to it (timing "
+                   f"alone {100 * (r['timing_equal']['speedup'] / r['count_rule']['speedup'] - 1):+.2f}%); the "
+                   f"count rule has {_share(r):.0f}% of the foresight cut's gain over the uncut order.")
+    return out
+
+
+def _share(r: dict) -> float:
+    """The count rule's gain over the uncut order as a share of the foresight cut's at the same truncation."""
+    gain = r["foresight_equal"]["speedup"] - r["nocut"]
+    return 100 * (r["count_rule"]["speedup"] - r["nocut"]) / gain if gain > 0 else float("nan")
+
+
+def section(trace_name: str, seeds: list[int], rows: list[dict]) -> str:
+    return "\n".join([
+        f"Reproduce: `{COMMAND}` (trace `{trace_name}`, seeds {', '.join(map(str, seeds))}). Speedup over baseline "
+        "on epochs 1-3, extra truncation over baseline in points in brackets. The foresight columns are not "
+        "policies: each knows every response's finish time and has its `lam` fitted on the seed it reports "
+        "(`recipe/sim/foresight.py`).", "", *table(rows), "", *verdict(rows)])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default="reference", choices=sorted(T.SHAPES))
+    ap.add_argument("--seeds", default="0,1,2", help="comma list of trace seeds")
+    ap.add_argument("--results", metavar="PATH", help="write the section into this markdown file")
+    args = ap.parse_args()
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"--seeds {args.seeds!r}: give a comma list of integers, e.g. 0,1,2") from None
+    t0 = time.perf_counter()
+    rows = measure(args.trace, seeds)
+    text = section(args.trace, seeds, rows)
+    print(text)
+    if args.results:
+        write_section(Path(args.results), MARK_START, MARK_END, "## How far a tail cut could go (bench/cut_ceiling.py)",
+                      text)
+    print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
