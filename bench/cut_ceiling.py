@@ -102,19 +102,23 @@ def register_level_cut() -> None:
 def measure(trace_name: str, seeds: list[int], **kw) -> list[dict]:
     """One row per seed (``kw``: ``Seeded``'s batch size and trace parameters, for a smaller trace)."""
     register_level_cut()
-    rows = []
-    for seed in seeds:
-        t0 = time.perf_counter()
-        s = Seeded(trace_name, seed, **kw)
-        row = {"seed": seed, "seed_policy": s.entry("seed"), "count_rule": s.entry(CUT_POLICY),
-               "nocut": s.entry(NOCUT_POLICY)["speedup"]}
-        row["timing_equal"] = s.fastest_within(CUT_POLICY, row["count_rule"]["extra"], limit_bound_free=False)
-        row["foresight_equal"] = s.fastest_within(CUT_POLICY, row["count_rule"]["extra"])
-        row["foresight_goal"] = s.fastest_within(CUT_POLICY, MOONSHOT_EXTRA_TRUNCATION)
-        row["level_foresight_goal"] = s.fastest_within(LEVEL_CUT_POLICY, MOONSHOT_EXTRA_TRUNCATION)
-        rows.append(row)
-        print(f"# trace seed {seed}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return rows
+    try:
+        return [_measure_seed(trace_name, seed, **kw) for seed in seeds]
+    finally:
+        POLICIES.pop(LEVEL_CUT_POLICY, None)  # the registry is the simulator's, shared with whoever imported it
+
+
+def _measure_seed(trace_name: str, seed: int, **kw) -> dict:
+    t0 = time.perf_counter()
+    s = Seeded(trace_name, seed, **kw)
+    row = {"seed": seed, "seed_policy": s.entry("seed"), "count_rule": s.entry(CUT_POLICY),
+           "nocut": s.entry(NOCUT_POLICY)["speedup"]}
+    row["timing_equal"] = s.fastest_within(CUT_POLICY, row["count_rule"]["extra"], limit_bound_free=False)
+    row["foresight_equal"] = s.fastest_within(CUT_POLICY, row["count_rule"]["extra"])
+    row["foresight_goal"] = s.fastest_within(CUT_POLICY, MOONSHOT_EXTRA_TRUNCATION)
+    row["level_foresight_goal"] = s.fastest_within(LEVEL_CUT_POLICY, MOONSHOT_EXTRA_TRUNCATION)
+    print(f"# trace seed {seed}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return row
 
 
 COLUMNS = (("seed_policy", "seed"), ("count_rule", f"{CUT_POLICY} (count rule)"),

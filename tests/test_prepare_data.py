@@ -1,6 +1,5 @@
 """scripts/prepare_data.py on small files shaped like each published dataset, run as the CLI it is."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -8,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from recipe.testing.script_module import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py"
 
@@ -80,9 +81,7 @@ def run(*args) -> subprocess.CompletedProcess:
 
 def run_in_process(capsys, *args) -> tuple[int, str]:
     """Error paths run in-process (no interpreter + pandas start per case); returns (exit code, stderr)."""
-    spec = importlib.util.spec_from_file_location("prepare_data", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT)
     try:
         code = module.main([str(a) for a in args])
     except SystemExit as e:  # argparse errors

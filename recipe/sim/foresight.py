@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .run import ModelExecutor
+from .run import ModelExecutor, token_limit
 
 
 def best_cut_time(finish, natural, lam: float) -> float:
@@ -48,6 +48,8 @@ class ForesightCutExecutor(ModelExecutor):
         self.lam, self.limit_bound_free = float(lam), limit_bound_free
 
     def cut_time(self, policy, plan, launch, finish, kept) -> float:
-        limit = np.where(plan.caps > 0, np.minimum(plan.caps, policy.response_length), policy.response_length)
-        charged = launch.target < limit[:, None] if self.limit_bound_free else np.ones(launch.target.shape, bool)
+        if self.limit_bound_free:
+            charged = launch.target < token_limit(plan.caps, policy.response_length)[:, None]
+        else:
+            charged = np.ones(launch.target.shape, bool)
         return best_cut_time(finish[kept], charged[kept], self.lam)

@@ -69,6 +69,12 @@ class StepLaunch:
         return self.target - self.have
 
 
+def token_limit(caps: np.ndarray, response_length: int) -> np.ndarray:
+    """The tokens each launched row may generate: its cap (vLLM ``max_tokens``; 0: none), at most
+    ``response_length``."""
+    return np.where(caps > 0, np.minimum(caps, response_length), response_length)
+
+
 class EpochState:
     """The driver's per-epoch bookkeeping of over-sampled rows (the trainer keeps the same in TransferQueue):
     which fresh draw a row is on (a restarted group draws new responses) and the partial responses of groups the
@@ -81,7 +87,7 @@ class EpochState:
 
     def launch(self, plan, response_length: int) -> StepLaunch:
         rows, n = plan.rows, self.trace.n
-        limit = np.where(plan.caps > 0, np.minimum(plan.caps, response_length), response_length)
+        limit = token_limit(plan.caps, response_length)
         desired = self.trace.attempt_lengths(self.epoch, rows, self.draw[rows])
         parts = [self.partial.pop(int(r), None) for r in rows]
         for r, part, resumes in zip(rows, parts, plan.resumes):

@@ -2,7 +2,6 @@
 its per-step choice is the best trade-off, it replaces only a tail-cut policy's rule, and knowing the future it is at
 least as fast as the count rule at the same truncation."""
 import functools
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ from recipe.sim import trace as T
 from recipe.sim.engine import EngineParams
 from recipe.sim.foresight import ForesightCutExecutor, best_cut_time
 from recipe.sim.run import run_policy
+from recipe.testing.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = T.generate("reference", num_prompts=128, n=8, epochs=3)
@@ -20,10 +20,7 @@ PREVIOUS = TRACE.previous_run()
 
 @functools.cache
 def _bench():
-    spec = importlib.util.spec_from_file_location("cut_ceiling", ROOT / "bench" / "cut_ceiling.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "cut_ceiling.py")
 
 
 def _brute(finish, natural, lam):

@@ -3,7 +3,6 @@ results section, the scaling helpers, and the shell wrapper. The replay on vLLM 
 import asyncio
 import dataclasses
 import functools
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -15,16 +14,14 @@ import pytest
 
 from recipe.sim import trace as T
 from recipe.sim.policies import ONPOLICY_CAP, POLICIES
+from recipe.testing.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
 def _load_replay():
-    spec = importlib.util.spec_from_file_location("rollout_replay", ROOT / "bench" / "rollout_replay.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "rollout_replay.py")
 
 
 def test_help_and_dry_run_pipeline(tmp_path):
