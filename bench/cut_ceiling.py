@@ -15,6 +15,11 @@ log space) for the fastest run within an extra-truncation budget:
 * the same +1-point search on the ``level-oracle`` order (each prompt's true level in the epoch): a perfect
   estimate of every prompt and a perfect cut together.
 
+Then where the gain at equal truncation lies, by batch level (``batch_level``): the equal-truncation foresight run
+again, recording at each step of epochs 1-3 what its cut and the count rule's (``TailCut.cut_time`` on the same
+step) leave running, how many of those would have ended with EOS, how many ``recipe.sim.limit_bound``'s posterior
+expects to (what a realisable rule could know, on the trace's own model), and the time each cut saves.
+
 Fitting ``lam`` on the reported seed is right for a ceiling and wrong for a policy: none of the foresight columns
 is a policy anyone can run.
 """
@@ -37,8 +42,9 @@ from recipe.sim import trace as T  # noqa: E402
 from recipe.sim.__main__ import MOONSHOT_EXTRA_TRUNCATION  # noqa: E402
 from recipe.sim.engine import EngineParams  # noqa: E402
 from recipe.sim.foresight import ForesightCutExecutor  # noqa: E402
+from recipe.sim.limit_bound import expected_natural  # noqa: E402
 from recipe.sim.policies import POLICIES, PolicySpec, register  # noqa: E402
-from recipe.sim.run import run_policy, summarize  # noqa: E402
+from recipe.sim.run import run_policy, summarize, token_limit  # noqa: E402
 
 COMMAND = ".venv/bin/python bench/cut_ceiling.py --results bench/RESULTS.md"
 MARK_START, MARK_END = "<!-- cut_ceiling:start -->", "<!-- cut_ceiling:end -->"
@@ -48,6 +54,31 @@ LEVEL_CUT_POLICY = "level-oracle + cut"  # the level order with a cut to replace
 LAM_RANGE = (0.01, 1000.0)  # seconds per extra truncated response; at the top no step is worth cutting
 BISECTIONS = 12
 BATCH_SIZE = 32
+LEVEL_EDGES = (0.85, 1.15, 1.6)  # batch-level bins of the breakdown
+CUTS = ("count", "foresight")
+
+
+class CutRecorder(ForesightCutExecutor):
+    """The foresight cut that also records, per step of epochs >= 1, what it and the count rule would stop there:
+    ``(running, natural, expected natural, time saved)`` per cut, and the batch level."""
+
+    def __init__(self, engine, seed: int, *, lam: float, within_sigma: float, prior_sd: float):
+        super().__init__(engine, seed, lam=lam)
+        self.within_sigma, self.prior_sd = within_sigma, prior_sd
+        self.steps: list[dict] = []
+
+    def cut_time(self, policy, plan, launch, finish, kept) -> float:
+        t_foresight = super().cut_time(policy, plan, launch, finish, kept)
+        if policy.epoch >= 1:
+            f, length = finish[kept], launch.target[kept]
+            natural = length < token_limit(plan.caps, policy.response_length)[kept, None]
+            step = {"level": plan.cut_level}
+            for cut, t in zip(CUTS, (policy.tail_cut.cut_time(f, plan.cut_level), t_foresight)):
+                expected = expected_natural(f, length, plan.predicted[kept], t, response_length=policy.response_length,
+                                            within_sigma=self.within_sigma, prior_sd=self.prior_sd)
+                step[cut] = (int((f > t).sum()), int(((f > t) & natural).sum()), expected, float(f.max() - t))
+            self.steps.append(step)
+        return t_foresight
 
 
 class Seeded:
@@ -72,6 +103,16 @@ class Seeded:
         e = summarize(self._run(name, lam, limit_bound_free), self.trace.epochs, self.trace.num_prompts,
                       self.baseline)
         return {"speedup": e["speedup_vs_baseline"], "extra": e["truncated_fraction"] - self.base_trunc, "lam": lam}
+
+    def breakdown(self, lam: float) -> list[dict]:
+        """``CutRecorder``'s steps for the foresight cut at ``lam``; the posterior gets the trace's within-group
+        spread and, as its prior's spread, one epoch of random walk plus the noise of a group's mean."""
+        p = self.trace.params
+        recorder = CutRecorder(self.engine, self.seed, lam=lam, within_sigma=p["within_sigma"],
+                               prior_sd=math.hypot(p["epoch_sigma"], p["within_sigma"] / math.sqrt(self.trace.n)))
+        run_policy(self.trace, CUT_POLICY, self.engine, batch_size=self.batch_size, seed=self.seed,
+                   previous=self.previous, executor=recorder)
+        return recorder.steps
 
     def fastest_within(self, name: str, budget: float, limit_bound_free: bool = True) -> dict:
         """The foresight cut's fastest run at most ``budget`` extra truncation: the smallest ``lam`` that keeps to
@@ -115,6 +156,7 @@ def _measure_seed(trace_name: str, seed: int, **kw) -> dict:
            "nocut": s.entry(NOCUT_POLICY)["speedup"]}
     row["timing_equal"] = s.fastest_within(CUT_POLICY, row["count_rule"]["extra"], limit_bound_free=False)
     row["foresight_equal"] = s.fastest_within(CUT_POLICY, row["count_rule"]["extra"])
+    row["steps"] = s.breakdown(row["foresight_equal"]["lam"])
     row["foresight_goal"] = s.fastest_within(CUT_POLICY, MOONSHOT_EXTRA_TRUNCATION)
     row["level_foresight_goal"] = s.fastest_within(LEVEL_CUT_POLICY, MOONSHOT_EXTRA_TRUNCATION)
     print(f"# trace seed {seed}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -154,6 +196,25 @@ def verdict(rows: list[dict]) -> list[str]:
     return out
 
 
+def level_table(rows: list[dict]) -> list[str]:
+    """The equal-truncation breakdown over every seed's steps, by batch level; per cut: count rule / foresight."""
+    steps = [st for r in rows for st in r["steps"]]
+    level = np.array([st["level"] for st in steps])
+    edges = (0.0, *LEVEL_EDGES, math.inf)
+    lines = ["| batch level | steps | responses running at the cut | of them bound for EOS (extra truncation) | "
+             "... that the posterior expects | time saved per step (s) |", "|---" * 6 + "|"]
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = [st for st, lv in zip(steps, level) if lo <= lv < hi]
+        if not sel:
+            continue
+        mean = {cut: np.mean([st[cut] for st in sel], axis=0) for cut in CUTS}
+        cells = [" / ".join(fmt.format(mean[cut][i]) for cut in CUTS)
+                 for i, fmt in enumerate(("{:.1f}", "{:.2f}", "{:.2f}", "{:.1f}"))]
+        name = f"< {hi:g}" if lo == 0 else (f">= {lo:g}" if hi == math.inf else f"{lo:g}-{hi:g}")
+        lines.append(f"| {name} | {len(sel)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _share(r: dict) -> float:
     """The count rule's gain over the uncut order as a share of the foresight cut's at the same truncation."""
     gain = r["foresight_equal"]["speedup"] - r["nocut"]
@@ -165,7 +226,10 @@ def section(trace_name: str, seeds: list[int], rows: list[dict]) -> str:
         f"Reproduce: `{COMMAND}` (trace `{trace_name}`, seeds {', '.join(map(str, seeds))}). Speedup over baseline "
         "on epochs 1-3, extra truncation over baseline in points in brackets. The foresight columns are not "
         "policies: each knows every response's finish time and has its `lam` fitted on the seed it reports "
-        "(`recipe/sim/foresight.py`).", "", *table(rows), "", *verdict(rows)])
+        "(`recipe/sim/foresight.py`).", "", *table(rows), "", *verdict(rows), "",
+        "Where the gain at equal truncation lies (all seeds' steps of epochs 1-3 by batch level; each cell: the count "
+        "rule / the foresight cut on the same step; the posterior is `recipe/sim/limit_bound.py`'s, on the trace's own "
+        "model, knowing what had finished by the cut):", "", *level_table(rows)])
 
 
 def main() -> None:

@@ -77,3 +77,11 @@ def test_foresight_is_at_least_as_fast_as_the_count_rule_at_its_truncation():
     assert rows[0]["count_rule"] == count and rows[0]["foresight_equal"]["speedup"] == fore["speedup"]
     text = bench.section("reference", [0], rows)
     assert "| 0 | " in text and "| mean | " in text and bench.COMMAND in text
+    # the breakdown replays that run: every response that would have ended with EOS and was cut is extra truncation
+    # (the limit-bound ones are truncated in the baseline too), so its steps add up to the run's extra truncation
+    steps = rows[0]["steps"]
+    assert len(steps) == 2 * 128 // 16  # epochs 1-2, every step
+    cut_natural = sum(st["foresight"][1] for st in steps)
+    assert cut_natural / (2 * 128 * 8) == pytest.approx(fore["extra"], abs=1e-5)  # summarize rounds to 5 places
+    assert all(0 <= st[c][1] <= st[c][0] and st[c][2] >= 0 and st[c][3] >= 0 for st in steps for c in bench.CUTS)
+    assert "| batch level | steps |" in text
