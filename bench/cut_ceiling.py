@@ -16,7 +16,7 @@ log space) for the fastest run within an extra-truncation budget:
   estimate of every prompt and a perfect cut together.
 
 Then where the gain at equal truncation lies, by batch level (``batch_level``): the equal-truncation foresight run
-again, recording at each step of epochs 1-3 what its cut and the count rule's (``TailCut.cut_time`` on the same
+again, recording at each step of epochs 1-3 what its cut and the count rule's (the policy's own rule on the same
 step) leave running, how many of those would have ended with EOS, how many ``recipe.sim.limit_bound``'s posterior
 expects to (what a realisable rule could know, on the trace's own model), and the time each cut saves.
 
@@ -41,10 +41,10 @@ from recipe.report.sections import write_section  # noqa: E402
 from recipe.sim import trace as T  # noqa: E402
 from recipe.sim.__main__ import MOONSHOT_EXTRA_TRUNCATION  # noqa: E402
 from recipe.sim.engine import EngineParams  # noqa: E402
-from recipe.sim.foresight import ForesightCutExecutor  # noqa: E402
+from recipe.sim.foresight import ForesightCutExecutor, ends_with_eos  # noqa: E402
 from recipe.sim.limit_bound import expected_natural  # noqa: E402
 from recipe.sim.policies import POLICIES, PolicySpec, register  # noqa: E402
-from recipe.sim.run import run_policy, summarize, token_limit  # noqa: E402
+from recipe.sim.run import ModelExecutor, run_policy, summarize  # noqa: E402
 
 COMMAND = ".venv/bin/python bench/cut_ceiling.py --results bench/RESULTS.md"
 MARK_START, MARK_END = "<!-- cut_ceiling:start -->", "<!-- cut_ceiling:end -->"
@@ -70,10 +70,10 @@ class CutRecorder(ForesightCutExecutor):
     def cut_time(self, policy, plan, launch, finish, kept) -> float:
         t_foresight = super().cut_time(policy, plan, launch, finish, kept)
         if policy.epoch >= 1:
-            f, length = finish[kept], launch.target[kept]
-            natural = length < token_limit(plan.caps, policy.response_length)[kept, None]
+            f, length, natural = finish[kept], launch.target[kept], ends_with_eos(policy, plan, launch)[kept]
             step = {"level": plan.cut_level}
-            for cut, t in zip(CUTS, (policy.tail_cut.cut_time(f, plan.cut_level), t_foresight)):
+            count = ModelExecutor.cut_time(self, policy, plan, launch, finish, kept)  # the policy's own rule
+            for cut, t in zip(CUTS, (count, t_foresight)):
                 expected = expected_natural(f, length, plan.predicted[kept], t, response_length=policy.response_length,
                                             within_sigma=self.within_sigma, prior_sd=self.prior_sd)
                 step[cut] = (int((f > t).sum()), int(((f > t) & natural).sum()), expected, float(f.max() - t))

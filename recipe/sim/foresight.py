@@ -38,6 +38,11 @@ def best_cut_time(finish, natural, lam: float) -> float:
     return float(t[int(np.argmax(value))])
 
 
+def ends_with_eos(policy, plan, launch) -> np.ndarray:
+    """Which launched responses would end with EOS, i.e. stop before their token limit (cap or response_length)."""
+    return launch.target < token_limit(plan.caps, policy.response_length)[:, None]
+
+
 class ForesightCutExecutor(ModelExecutor):
     """``ModelExecutor`` whose tail cut is ``best_cut_time`` at ``lam`` (the policy must be a tail-cut policy: its
     own rule is replaced, its order and estimates are not). ``limit_bound_free=False`` charges every response the
@@ -48,8 +53,5 @@ class ForesightCutExecutor(ModelExecutor):
         self.lam, self.limit_bound_free = float(lam), limit_bound_free
 
     def cut_time(self, policy, plan, launch, finish, kept) -> float:
-        if self.limit_bound_free:
-            charged = launch.target < token_limit(plan.caps, policy.response_length)[:, None]
-        else:
-            charged = np.ones(launch.target.shape, bool)
+        charged = ends_with_eos(policy, plan, launch) if self.limit_bound_free else np.ones(launch.target.shape, bool)
         return best_cut_time(finish[kept], charged[kept], self.lam)
