@@ -12,10 +12,8 @@ at the H100, H200 and a binding KV capacity (items 3, 4).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +23,7 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from recipe.report.sections import write_section  # noqa: E402
+from recipe.report.sections import section_main  # noqa: E402
 from recipe.sim import __main__ as cli  # noqa: E402
 from recipe.sim import trace as T  # noqa: E402
 from recipe.sim.engine import KV_TOKENS, EngineParams  # noqa: E402
@@ -214,20 +212,9 @@ def section() -> str:
     return "\n".join(lines)
 
 
-def write(path: Path, text: str) -> None:
-    write_section(path, MARK_START, MARK_END, "## Simulator (bench/sim_results.py)", text)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", metavar="PATH", help="write the section into this markdown file")
-    args = ap.parse_args()
-    t0 = time.perf_counter()
-    text = section()
-    print(text)
-    if args.results:
-        write(Path(args.results), text)
-    print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+def main(argv: list[str] | None = None) -> int:
+    return section_main(__doc__, section, MARK_START, MARK_END,
+                        "## Simulator (bench/sim_results.py)", argv)
 
 
 if __name__ == "__main__":

@@ -90,9 +90,15 @@ def read_steps(path: str | os.PathLike) -> list[tuple[str, str, float | None, st
     return rows
 
 
-def smoke_problems(run_dir: str | os.PathLike, steps: int) -> list[str]:
+SPEC_METRICS = ("rollout/spec_drafts", "rollout/spec_draft_tokens", "rollout/spec_accepted_tokens",
+                "rollout/spec_draft_acceptance_rate", "rollout/spec_acceptance_length")
+
+
+def smoke_problems(run_dir: str | os.PathLike, steps: int, spec: bool = False) -> list[str]:
     """What the smoke run's logs lack: ``steps`` training steps in verl's file log, each with an actor update and
-    the recipe's metrics, and a length trace per step."""
+    the recipe's metrics, and a length trace per step; with ``spec`` (the ``ROLLOUT_SPECULATIVE=ngram`` smoke run)
+    also speculative decoding's acceptance metrics on every step, with drafts (recipe/adapter/spec_metrics.py; the
+    tiny random model at temperature 1 accepts almost none, so the acceptance itself may be 0)."""
     from .traces import iter_jsonl, read_records
 
     run = Path(run_dir)
@@ -107,6 +113,10 @@ def smoke_problems(run_dir: str | os.PathLike, steps: int) -> list[str]:
         missing = [k for k in ("rollout/response_max_tokens_cap", "sampler/epoch", "timing_s/gen") if k not in data]
         if not any(k.startswith("actor/") for k in data):
             missing.append("actor/* (no update)")
+        if spec:
+            missing += [k for k in SPEC_METRICS if k not in data]
+            if SPEC_METRICS[0] in data and not data[SPEC_METRICS[0]] > 0:
+                missing.append("speculative drafts (rollout/spec_drafts is 0)")
         if missing:
             problems.append(f"step {step}: no {', '.join(missing)}")
     traces = run / "length_traces.jsonl"
@@ -114,6 +124,21 @@ def smoke_problems(run_dir: str | os.PathLike, steps: int) -> list[str]:
     if untraced := [s for s in range(1, steps + 1) if s not in traced]:
         problems.append(f"no length trace for step {untraced} in {traces}")
     return problems
+
+
+def spec_summary(run_dir: str | os.PathLike, steps: int) -> str:
+    """The run's drafts, draft tokens and accepted tokens over its first ``steps`` steps, for the table."""
+    from .traces import iter_jsonl
+
+    total = dict.fromkeys(SPEC_METRICS[:3], 0.0)
+    for f in sorted((Path(run_dir) / "logs").glob("metrics.*.jsonl")):
+        for _, rec in iter_jsonl(f):
+            if isinstance(rec, dict) and 1 <= int(rec.get("step", 0)) <= steps:
+                for k in total:
+                    total[k] += float((rec.get("data") or {}).get(k, 0.0))
+    d, t, a = total.values()
+    return (f"{d:.0f} drafts, {t:.0f} draft tokens, {a:.0f} accepted (rate {a / t if t else 0:.3f}, acceptance "
+            f"length {1 + a / d if d else 1:.3f})")
 
 
 def _init_single_rank() -> None:
@@ -192,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     sm = sub.add_parser("smoke-result", help="check the smoke run's metrics and traces")
     sm.add_argument("run_dir")
     sm.add_argument("--steps", type=int, required=True)
+    sm.add_argument("--spec", action="store_true", help="also speculative decoding's acceptance metrics")
     tb = sub.add_parser("table", help="print the pass/fail table of the script's step records")
     tb.add_argument("steps_file")
     args = ap.parse_args(argv)
@@ -207,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         print("; ".join(f"{check} {status}: {detail}" for check, status, detail in results), flush=True)
         return 0 if all(status == "PASS" for _, status, _ in results) else 1
     if args.cmd == "smoke-result":
-        problems = smoke_problems(args.run_dir, args.steps)
-        print("; ".join(problems) if problems else f"{args.steps} steps logged with the recipe's metrics and traces")
+        problems = smoke_problems(args.run_dir, args.steps, spec=args.spec)
+        done = f"{args.steps} steps logged with the recipe's metrics and traces"
+        if not problems and args.spec:
+            done += "; speculative acceptance: " + spec_summary(args.run_dir, args.steps)
+        print("; ".join(problems) if problems else done)
         return 1 if problems else 0
     text, ok = format_table(read_steps(args.steps_file))
     print(text)

@@ -32,6 +32,7 @@ ENV_OF_KEY = {
     "recipe.tail_cut.enable": "TAIL_CUT_ENABLE",
     "recipe.tail_cut.fraction": "TAIL_CUT_FRACTION",
     "recipe.tail_cut.level_exponent": "TAIL_CUT_LEVEL_EXPONENT",
+    "recipe.tail_cut.max_extra_truncation": "TAIL_CUT_MAX_EXTRA_TRUNCATION",
     "data.sampler.bucket_size": "SAMPLER_BUCKET_SIZE",
     "data.sampler.ema_decay": "SAMPLER_EMA_DECAY",
     "data.sampler.shuffle_batch_blocks": "SAMPLER_SHUFFLE_BATCH_BLOCKS",
@@ -167,6 +168,9 @@ class TailCutSettings:
     enabled: bool
     fraction: float  # end the step once this share of its responses is done
     level_exponent: float  # a batch of level L (mean estimate / all rows' mean) may leave (1-fraction)*L**x unfinished
+    # > 0: recipe.core.tailcut_budget.TailCutBudget holds the cut's estimated extra truncation at this share, per step
+    # (the fraction is then only where it starts); 0: the fixed fraction
+    max_extra_truncation: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -297,7 +301,13 @@ def parse_tail_cut(cfg: Mapping, over_sample: OverSampleSettings, sampler_enable
         enabled=as_bool(t.get("enable", False), "recipe.tail_cut.enable"),
         fraction=as_float(t.get("fraction", 0.975), "recipe.tail_cut.fraction", low=0, low_open=True, high=1),
         level_exponent=as_float(t.get("level_exponent", 1.25), "recipe.tail_cut.level_exponent", low=0),
+        max_extra_truncation=as_float(t.get("max_extra_truncation", 0.0) or 0.0,
+                                      "recipe.tail_cut.max_extra_truncation", low=0, high=0.5),
     )
+    if out.max_extra_truncation > 0 and not out.enabled:
+        raise RecipeConfigError(
+            f"{_where('recipe.tail_cut.max_extra_truncation')}={out.max_extra_truncation} budgets the tail cut, "
+            f"which is off: set {_where('recipe.tail_cut.enable')}=1 or unset TAIL_CUT_MAX_EXTRA_TRUNCATION")
     if out.enabled and over_sample.enabled:
         raise RecipeConfigError(
             f"{_where('recipe.tail_cut.enable')}=1 with {_where('recipe.over_sample.enable')}=1: both abort a step's "

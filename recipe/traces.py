@@ -118,6 +118,7 @@ class LengthTraceWriter:
         aborted: Sequence[bool] | None = None,
         prompt_keys: Sequence[str] | None = None,
         num_preempted: Sequence[int | None] | None = None,
+        spec: dict | None = None,
     ) -> dict:
         """Write and fsync the record for one step; returns it.
 
@@ -125,7 +126,9 @@ class LengthTraceWriter:
         the rollout reports real stop reasons. ``predicted`` (the sampler's estimate per response, NaN/None when
         unknown) is stored with nulls for missing values. A ``cap`` of None or 0 means no cap. ``prompt_keys``
         (``prompt_key`` of each response's prompt) and ``num_preempted`` (vLLM's preemptions of each response's
-        request, None where the rollout does not report it) are stored when given.
+        request, None where the rollout does not report it) are stored when given. ``spec`` (speculative decoding's
+        step totals: drafts, draft_tokens, accepted_tokens, acceptance_length; vLLM 0.28 has no per-request
+        acceptance) is stored as the record's ``spec`` when given.
         """
         n = len(lengths)
         if finish is None:
@@ -158,6 +161,8 @@ class LengthTraceWriter:
         }
         if prompt_keys is not None:
             record["prompt_keys"] = [str(k) for k in prompt_keys]
+        if spec is not None:
+            record["spec"] = dict(spec)
         if num_preempted is not None:
             record["num_preempted"] = [None if p is None or p < 0 else int(p) for p in num_preempted]
         self._fp.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")

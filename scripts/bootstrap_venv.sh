@@ -10,7 +10,8 @@ REQ="${RECIPE_REQUIREMENTS:-$ROOT/requirements/cpu-test.txt}"
 PY="${PYTHON:-python3}"
 STAMP="$VENV/.recipe-requirements.sha256"
 
-want="$(cat "$REQ" "$ROOT/scripts/bootstrap_venv.sh" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+MEGATRON_REQ="$ROOT/requirements/megatron-cpu.txt"
+want="$(cat "$REQ" "$MEGATRON_REQ" "$ROOT/scripts/bootstrap_venv.sh" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
     exit 0
 fi
@@ -48,6 +49,17 @@ PY
     "${pip[@]}" install --no-deps --no-build-isolation "$alias"
     rm -rf "$alias"
 fi
+# The Megatron check's stack (requirements/megatron-cpu.txt) in its own directory, beside the venv's packages; the
+# Megatron tests put it first on PYTHONPATH. Built anew each time, so a failed install leaves no directory behind.
+site="$VENV/megatron-site"
+rm -rf "$site" "$site.tmp"
+section() { sed -n "/^# --$1\$/,/^# --/{/^#/d;/^\$/d;p}" "$MEGATRON_REQ"; }
+mapfile -t py312 < <(section py312)
+mapfile -t py311 < <(section py311)
+"${pip[@]}" install --no-deps --target "$site.tmp" --ignore-requires-python --only-binary=:all: \
+    --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 "${py312[@]}"
+"${pip[@]}" install --no-deps --target "$site.tmp" --only-binary=:all: "${py311[@]}"
+mv "$site.tmp" "$site"
 # compat mode (a .pth path entry): TransferQueue installs a namespace dir named `recipe` in site-packages that
 # shadows a finder-based editable install; a regular package on sys.path wins over a namespace portion.
 "${pip[@]}" install --no-deps -e "$ROOT" --config-settings editable_mode=compat

@@ -4,11 +4,13 @@
 #
 #   MODEL_PATH=/models/Qwen3-30B-A3B DISTCP_PATH=/ckpt/qwen3-30b-a3b-mcore bash scripts/convert_hf_to_distcp.sh
 #
-# torchrun starts CONVERT_PP x CONVERT_EP ranks (defaults: ACTOR_PP x ACTOR_EP, the training layout; a dist
-# checkpoint is resharded at load, so any layout works). Over several nodes (CONVERT_NNODES > 1) run this on every
-# node with NODE_RANK=0..N-1 and MASTER_ADDR=<node 0>, writing to a shared DISTCP_PATH. Every rank loads the whole
-# HF model into host memory (~61 GB in bf16 for Qwen3-30B-A3B): with less than ranks-per-node x 61 GB of RAM use
-# fewer ranks (CONVERT_PP=1 CONVERT_EP=1 CONVERT_CPU_INIT=1: one rank, model built in host memory).
+# torchrun starts CONVERT_PP x CONVERT_EP ranks, default 1 x 1: a dist checkpoint is resharded at load (the tests
+# load checkpoints saved at TP 2 and EP 2 at TP = EP = 1: tests/megatron), so the layout of the conversion need not be
+# the training's, and every rank loads the whole HF model into host memory (~61 GB in bf16 for Qwen3-30B-A3B): one
+# rank needs ~61 GB of RAM and the model on one GPU (80 GB: fits; smaller GPUs: CONVERT_CPU_INIT=1 builds it in host
+# memory, ~122 GB of RAM, or CONVERT_EP=2). More ranks convert no faster than the HF load they each repeat. Over
+# several nodes (CONVERT_NNODES > 1) run this on every node with NODE_RANK=0..N-1 and MASTER_ADDR=<node 0>, writing
+# to a shared DISTCP_PATH.
 # The converter needs NCCL (a GPU). It silently skips a non-empty output dir, so this script refuses one instead.
 # DRY_RUN=1 prints the command without running it.
 set -euo pipefail
@@ -44,11 +46,11 @@ fi
 
 PY="$(recipe_python "$ROOT")" || die "no usable Python (see the message above)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-# The training defaults (ACTOR_PP, ACTOR_EP, GPUS_PER_NODE) and their parsing live in recipe/preflight/.
-defaults="$("$PY" -m recipe.preflight --print-env ACTOR_PP ACTOR_EP GPUS_PER_NODE)" || die "bad variable (above)"
+# GPUS_PER_NODE's default and parsing live in recipe/preflight/.
+defaults="$("$PY" -m recipe.preflight --print-env GPUS_PER_NODE)" || die "bad variable (above)"
 eval "$defaults"
-pp="${CONVERT_PP:-$ACTOR_PP}"
-ep="${CONVERT_EP:-$ACTOR_EP}"
+pp="${CONVERT_PP:-1}"
+ep="${CONVERT_EP:-1}"
 for v in pp ep; do
     [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "CONVERT_${v^^}=${!v} must be a positive integer"
 done

@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# The GPU-only parts of the launch path, checked in one command on one GPU (verl 0.9.1 installed; under 10 minutes),
+# The GPU-only parts of the launch path, checked in one command on one GPU (verl 0.9.1 installed; under 15 minutes),
 # ending in a pass/fail table:
 #   convert     scripts/convert_hf_to_distcp.sh: the smoke preset's tiny Qwen3-MoE -> a fresh dist checkpoint
 #   logits      python -m recipe.gpu_check logits: verl's Megatron engine loads that checkpoint as actor and ref do;
 #               its exported weights and its logits are compared with the Hugging Face model (recipe/gpu_check.py)
 #   smoke       PRESET=smoke ... bash scripts/train_grpo.sh trainer.total_training_steps=2, on that checkpoint
 #   smoke-logs  python -m recipe.gpu_check smoke-result: both steps logged with the recipe's metrics and traces
+#   smoke-spec  the smoke step again with ROLLOUT_SPECULATIVE=ngram (vLLM's ngram drafting, Dynamic SD schedule),
+#               experiment smoke-grpo-spec
+#   spec-logs   python -m recipe.gpu_check smoke-result --spec: both steps logged, with the recipe's speculative
+#               acceptance metrics (rollout/spec_*, read from vLLM's counters) and drafts on each
 #
 #   bash scripts/gpu_check.sh [--dry-run] [--work DIR]
+#
+# On a lent GPU without network or Transformer Engine (scripts/lib/device_check.sh): `--fetch-wheels` (on a machine
+# with PyPI) downloads requirements/device-megatron.txt into .whl/ (~50 MiB); `--device` (on the GPU, .whl carried)
+# installs them offline into WORK/venv over the machine's own torch and runs python -m recipe.megatron_check: the
+# tiny model through Megatron-Bridge vs HF logits, verl's converter mapping, the dist checkpoint save/load, DDP with
+# the distributed optimizer, verl's checkpoint manager save -> load -> identical next-step loss (bf16, one GPU). Its
+# CPU rehearsal is tests/megatron.
 #
 # --dry-run prints each step's command and runs none of them (no GPU needed; it builds the tiny model on the CPU,
 # cached, to name it). --work DIR holds the checkpoint, the smoke run and one log per step (default
 # checkpoints/gpu-check-<UTC stamp>; it must be new or empty). Each GPU step runs under recipe.run_guard with a time
 # limit, which ends its whole process tree (Ray, vLLM) when reached: GPU_CHECK_CONVERT_TIMEOUT_S (90),
-# GPU_CHECK_LOGITS_TIMEOUT_S (120), GPU_CHECK_SMOKE_TIMEOUT_S (360), 570 s in all. A failed conversion skips the
-# steps that need its checkpoint. Exit status: 0 when every step passed, 1 when one did not, 2 on bad usage or
+# GPU_CHECK_LOGITS_TIMEOUT_S (120), GPU_CHECK_SMOKE_TIMEOUT_S (360), GPU_CHECK_SPEC_TIMEOUT_S (300; the same two
+# steps as smoke, on a warm page cache), 870 s in all. A failed conversion skips the steps that need its checkpoint;
+# a failed smoke step skips the speculative one (it would fail the same way). Exit status: 0 when every step passed, 1 when one did not, 2 on bad usage or
 # without a GPU.
 set -euo pipefail
 
@@ -29,9 +41,12 @@ die() {
 
 dry=0
 work=""
+mode=full
 while (( $# > 0 )); do
     case "$1" in
         --dry-run) dry=1 ;;
+        --device) mode=device ;;
+        --fetch-wheels) mode=fetch ;;
         --work)
             (( $# > 1 )) || die "--work needs a directory"
             work="$2"
@@ -42,15 +57,24 @@ while (( $# > 0 )); do
             sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
             exit 0
             ;;
-        *) die "unknown argument '$1' (usage: bash scripts/gpu_check.sh [--dry-run] [--work DIR])" ;;
+        *) die "unknown argument '$1' (usage: bash scripts/gpu_check.sh [--dry-run] [--work DIR]" \
+               "[--device | --fetch-wheels])" ;;
     esac
     shift
 done
 
+# shellcheck source=scripts/lib/device_check.sh
+source "$ROOT/scripts/lib/device_check.sh"
+if [[ "$mode" == fetch ]]; then
+    fetch_device_wheels "$(recipe_python "$ROOT")"
+    exit 0
+fi
+
 convert_limit="${GPU_CHECK_CONVERT_TIMEOUT_S:-90}"
 logits_limit="${GPU_CHECK_LOGITS_TIMEOUT_S:-120}"
 smoke_limit="${GPU_CHECK_SMOKE_TIMEOUT_S:-360}"
-for v in convert_limit logits_limit smoke_limit; do
+spec_limit="${GPU_CHECK_SPEC_TIMEOUT_S:-300}"
+for v in convert_limit logits_limit smoke_limit spec_limit; do
     name="${v%_limit}"
     [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "GPU_CHECK_${name^^}_TIMEOUT_S=${!v} must be a positive number of seconds"
 done
@@ -60,8 +84,6 @@ if (( dry == 0 )) && (( $(recipe_gpu_count) == 0 )); then
         "Run it on a GPU node, or --dry-run to print the commands"
 fi
 
-PY="$(recipe_python "$ROOT")" || die "no usable Python (see the message above)"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 work="$(realpath -m "${work:-$ROOT/checkpoints/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}")"
 if (( dry == 0 )); then
     if [[ -e "$work" ]] && [[ ! -d "$work" || -n "$(ls -A "$work")" ]]; then
@@ -69,6 +91,13 @@ if (( dry == 0 )); then
     fi
     mkdir -p "$work"
 fi
+if [[ "$mode" == device ]]; then
+    # the lent GPU's own python3 (torch with CUDA); the recipe's venvs are not there
+    run_device_check "${RECIPE_PYTHON:-python3}" "$work" "$dry"
+    exit 0
+fi
+PY="$(recipe_python "$ROOT")" || die "no usable Python (see the message above)"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 model="$("$PY" -m recipe.gpu_check tiny-model)" || die "could not build the smoke preset's tiny model (above)"
 distcp="$work/distcp"
 runs="$work/runs"
@@ -102,12 +131,23 @@ run_step() {
 if run_step convert "$convert_limit" env MODEL_PATH="$model" DISTCP_PATH="$distcp" CONVERT_PP=1 CONVERT_EP=1 \
         CONVERT_NNODES=1 GPUS_PER_NODE=1 RECIPE_PYTHON="$PY" bash "$ROOT/scripts/convert_hf_to_distcp.sh"; then
     run_step logits "$logits_limit" "$PY" -m recipe.gpu_check logits --model "$model" --distcp "$distcp" || true
+    smoke_ok=1
     run_step smoke "$smoke_limit" env PRESET=smoke CKPT_ROOT="$runs" DISTCP_PATH="$distcp" RECIPE_PYTHON="$PY" \
-        bash "$ROOT/scripts/train_grpo.sh" trainer.total_training_steps=2 || true
+        bash "$ROOT/scripts/train_grpo.sh" trainer.total_training_steps=2 || smoke_ok=0
     # also after a failed smoke run: what its logs lack says how far it got
     run_step smoke-logs 0 "$PY" -m recipe.gpu_check smoke-result "$runs/smoke-grpo-resampler" --steps 2 || true
+    if (( smoke_ok )); then
+        run_step smoke-spec "$spec_limit" env PRESET=smoke CKPT_ROOT="$runs" DISTCP_PATH="$distcp" \
+            RECIPE_PYTHON="$PY" EXPERIMENT_NAME=smoke-grpo-spec ROLLOUT_SPECULATIVE=ngram \
+            bash "$ROOT/scripts/train_grpo.sh" trainer.total_training_steps=2 || true
+        run_step spec-logs 0 "$PY" -m recipe.gpu_check smoke-result "$runs/smoke-grpo-spec" --steps 2 --spec || true
+    else
+        for name in smoke-spec spec-logs; do
+            printf '%s\tSKIP\t\tthe smoke step failed\n' "$name" >>"$steps"
+        done
+    fi
 else
-    for name in logits smoke smoke-logs; do
+    for name in logits smoke smoke-logs smoke-spec spec-logs; do
         printf '%s\tSKIP\t\tneeds the converted checkpoint\n' "$name" >>"$steps"
     done
 fi

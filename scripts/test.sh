@@ -5,5 +5,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/bootstrap_venv.sh
+bash scripts/lib/install_sandbox.sh  # bubblewrap for the Python tool's sandbox tests (apt-get; never fatal)
 source scripts/lib/cpu_env.sh
 exec "$ROOT/.venv/bin/python" -m pytest "$@"

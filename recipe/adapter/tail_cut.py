@@ -8,6 +8,12 @@ agent loops finish them as shorter responses, every group completes, and the ste
 responses count as truncated (censored in the estimates, ``cut`` in the traces, like a cap hit). No group is dropped
 and nothing is resumed, so it stays on-policy and every prompt is trained once per epoch. Generation re-opens after
 the weight update (``resume``). Not combinable with over-sampling, which aborts for another reason.
+
+With a truncation budget (``recipe.tail_cut.max_extra_truncation``, env ``TAIL_CUT_MAX_EXTRA_TRUNCATION``) the
+monitor holds a ``recipe.core.tailcut_budget.TailCutBudget``: each step's rule is its ``cut()``, and the trainer
+feeds every step's trained responses to ``observe`` (lengths, limit hits, which the cut stopped, the rows'
+estimates), so the next allowance follows the extra truncation the run has observed; its state travels with the
+sampler's checkpoint state (``state_dict``).
 """
 from __future__ import annotations
 
@@ -18,13 +24,15 @@ import time
 import transfer_queue as tq
 
 from ..core.tailcut import TailCut
+from ..core.tailcut_budget import TailCutBudget
 
 logger = logging.getLogger(__name__)
 
 
 class TailCutMonitor:
-    def __init__(self, cut: TailCut, rollout_n: int, poll_s: float = 0.05):
+    def __init__(self, cut: TailCut, rollout_n: int, poll_s: float = 0.05, budget: TailCutBudget | None = None):
         self.cut, self.rollout_n, self.poll_s = cut, int(rollout_n), poll_s
+        self.budget = budget  # None: the fixed ``cut`` every step
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.done_at_cut: set[str] | None = None  # response keys finished when the step was cut (None: no cut)
@@ -33,6 +41,8 @@ class TailCutMonitor:
     def start(self, checkpoint_manager, uids: list[str], level: float, partition_id: str = "train") -> None:
         """Watch the step launched as ``uids`` (one GRPO group each) until ``stop``."""
         self.done_at_cut, self._stop = None, threading.Event()
+        if self.budget is not None:
+            self.cut = self.budget.cut()  # this step's allowance, from what the run has observed so far
         launched = len(uids) * self.rollout_n
         self._thread = threading.Thread(target=self._watch, name="recipe-tail-cut", daemon=True,
                                         args=(checkpoint_manager, set(uids), launched, level, partition_id))
@@ -69,6 +79,22 @@ class TailCutMonitor:
             "rollout/tail_cut/cut_responses": float(launched_responses - len(self.done_at_cut)) if cut else 0.0,
         }
         return self.last_metrics
+
+    def observe(self, resp) -> dict[str, float]:
+        """After the step: its trained responses (``StepResponses``, ``aborted`` = stopped by this cut) move the
+        budget's allowance; the budget's metrics join ``last_metrics``. A no-op without a budget."""
+        if self.budget is None:
+            return {}
+        m = self.budget.observe(resp)
+        self.last_metrics.update(m)
+        return m
+
+    def state_dict(self) -> dict | None:
+        return None if self.budget is None else self.budget.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.budget is not None and state:
+            self.budget.load_state_dict(state)
 
     def resume(self, checkpoint_manager) -> None:
         """After the weight update: re-open generation on the replicas the cut paused."""

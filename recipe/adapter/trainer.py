@@ -10,6 +10,9 @@ Only small hook overrides, each pinned by tests/contract:
 * ``_build_replay_buffer``: verl's replay buffer, polling TransferQueue every ``recipe.replay_buffer.poll_interval_s``
   instead of verl's 2 s: a sync step waits for the poll after its last group finishes (up to 2 s of idle replicas
   per step on the cluster; most of a step on a CPU) and an over-sampled step settles one poll after its B-th group.
+* speculative decoding (``ROLLOUT_SPECULATIVE``): ``prepare_step`` and ``step`` read vLLM's acceptance counters
+  from every replica; the difference is the step's ``rollout/spec_*`` metrics and its trace's ``spec``; around
+  ``_validate``, ``val-aux/spec_*`` (``recipe/adapter/spec_metrics.py``).
 * ``_compute_metrics``: after verl's, prints one compact progress line (``recipe/adapter/progress.py``).
 * tail cut (``recipe.tail_cut.enable``): ``on_sample_begin`` starts watching the step, which is cut once enough of
   it is done; ``on_sample_end`` stops the watch, ``on_step_end`` re-opens generation (``recipe/adapter/tail_cut.py``).
@@ -36,6 +39,7 @@ from ..core.cap import make_cap_policy
 from ..core.oversample import OverSampleController
 from ..core.seeds import row_seeds
 from ..core.tailcut import TailCut, batch_level
+from ..core.tailcut_budget import TailCutBudget
 from ..core.step_stats import StepResponses, step_metrics
 from ..settings import parse_settings
 from ..traces import LengthTraceWriter, finish_reasons
@@ -44,6 +48,7 @@ from .fields import CAP, PARTIAL, PREDICTION, PRIORITY, ROW_ID, SEED
 from .oversample import OverSampleDriver
 from .progress import progress_line
 from .sampler import LengthAwareEpochSampler
+from .spec_metrics import SpecAcceptanceMeter, trace_fields
 from .tail_cut import TailCutMonitor
 from .warm_start import WarmStartReport, warm_start
 
@@ -52,6 +57,7 @@ logger = logging.getLogger(__name__)
 CAP_STATE_KEY = "cap_policy"
 RESUMED_PRIORITY = -(2**30)  # ahead of any predicted length
 OVER_SAMPLE_STATE_KEY = "over_sample"
+TAIL_CUT_STATE_KEY = "tail_cut_budget"  # the truncation budget's controller (recipe.core.tailcut_budget)
 
 
 class LengthAwareTrainer(PPOTrainerSync):
@@ -71,10 +77,17 @@ class LengthAwareTrainer(PPOTrainerSync):
         self.over_sample: OverSampleDriver | None = None  # built with the dataloader (needs the tokenizer)
         self.warm_start: WarmStartReport | None = None
         tc = self.settings.tail_cut
-        self.tail_cut = (TailCutMonitor(TailCut(tc.fraction, tc.level_exponent), config.actor_rollout_ref.rollout.n)
-                         if tc.enabled else None)
+        budget = (TailCutBudget(tc.max_extra_truncation, tc.level_exponent, initial_allowance=1.0 - tc.fraction)
+                  if tc.max_extra_truncation > 0 else None)
+        self.tail_cut = (TailCutMonitor(TailCut(tc.fraction, tc.level_exponent), config.actor_rollout_ref.rollout.n,
+                                        budget=budget) if tc.enabled else None)
         self._launch: tuple[list[str], float] | None = None  # the last batch formed: its uids and its length level
         self.priority_scheduling = config.actor_rollout_ref.rollout.get("scheduling_policy", "fcfs") == "priority"
+        # speculative decoding's acceptance per step, from vLLM's counters (recipe/adapter/spec_metrics.py)
+        vllm_kwargs = (config.actor_rollout_ref.rollout.get("engine_kwargs") or {}).get("vllm") or {}
+        self.spec_meter = (SpecAcceptanceMeter(lambda: self.llm_server_manager.server_addresses)
+                           if vllm_kwargs.get("speculative_config") else None)
+        self._spec_step: dict = {}
 
     def _build_replay_buffer(self):
         buffer = super()._build_replay_buffer()
@@ -138,6 +151,8 @@ class LengthAwareTrainer(PPOTrainerSync):
             self.cap_policy.load_state_dict(restored[CAP_STATE_KEY])
         if restored and self.over_sample is not None and OVER_SAMPLE_STATE_KEY in restored:
             self.over_sample.load_state_dict(restored[OVER_SAMPLE_STATE_KEY])
+        if restored and self.tail_cut is not None and TAIL_CUT_STATE_KEY in restored:
+            self.tail_cut.load_state_dict(restored[TAIL_CUT_STATE_KEY])
 
     def batch_prediction_and_cap(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
         """Length predictions of the batch's rows (NaN where unseen) and the cap for the batch (0 = none)."""
@@ -197,6 +212,8 @@ class LengthAwareTrainer(PPOTrainerSync):
 
     # -- over-sampling ----------------------------------------------------------------------------------------------
     def prepare_step(self) -> dict:
+        if getattr(self, "spec_meter", None) is not None:
+            self.spec_meter.begin()  # before anything of this step is generated (over-sampling launches here)
         if self.over_sample is None:
             return super().prepare_step()
         self.over_sample.launch(self)
@@ -223,9 +240,16 @@ class LengthAwareTrainer(PPOTrainerSync):
         if self.tail_cut is not None:
             self.tail_cut.resume(self.checkpoint_manager)
 
+    def _validate(self):
+        meter = getattr(self, "spec_meter", None)
+        return super()._validate() if meter is None else meter.around(super()._validate)
+
     # -- after each step -------------------------------------------------------------------------------------------
     def step(self, metrics, timing_raw):
         batch = super().step(metrics, timing_raw)
+        meter = getattr(self, "spec_meter", None)
+        self._spec_step = meter.end() if meter is not None else {}
+        metrics.update(self._spec_step)
         metrics.update(self.observe_batch(batch, gen_time_s=float(timing_raw.get("gen", 0.0))))
         if self.over_sample is not None:
             metrics.update(self.over_sample.last_metrics)
@@ -276,6 +300,10 @@ class LengthAwareTrainer(PPOTrainerSync):
             if self.cap_policy is not None:
                 self.cap_policy.observe_step(epoch, resp)
                 self.length_sampler.extra_state[CAP_STATE_KEY] = self.cap_policy.state_dict()
+        if self.tail_cut is not None and self.tail_cut.budget is not None:
+            self.tail_cut.observe(resp)  # the truncation budget's controller: the next step's allowance
+            if self.length_sampler is not None:
+                self.length_sampler.extra_state[TAIL_CUT_STATE_KEY] = self.tail_cut.state_dict()
         m = step_metrics(resp, obs)
         m["sampler/epoch"] = float(epoch)
         if self.length_sampler is not None:
@@ -311,6 +339,7 @@ class LengthAwareTrainer(PPOTrainerSync):
             sample_index=np.concatenate(samples).tolist(),
             lengths=cat("lengths").astype(int).tolist(),
             predicted=[None if not np.isfinite(p) else float(p) for p in cat("predicted")],
+            spec=trace_fields(getattr(self, "_spec_step", {})),
         )
 
 

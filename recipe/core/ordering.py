@@ -172,3 +172,26 @@ class EpochPlan:
         self.sorted_epoch = bool(state["sorted_epoch"])
         self.tail_start = int(state.get("tail_start", 0 if self.order is None else len(self.order)))
         self.seed = int(state["seed"])
+
+
+# -- multi-turn: order by expected time instead of tokens (issue 18 item 6; not wired into the sampler yet) --------
+ORDER_KEYS = ("tokens", "time")
+
+
+def expected_time_key(tokens, tool_calls, tool_latency_s: float, tokens_per_s: float) -> np.ndarray:
+    """A row's expected rollout time in token units: ``tokens + tool_calls * tool_latency_s * tokens_per_s``.
+
+    A multi-turn trajectory spends ``tool_calls x tool_latency_s`` seconds outside the engine (its slot freed, its
+    context re-prefilled on return), on top of decoding its ``tokens``; ``tokens_per_s`` (one sequence's decode speed
+    in the step's tail, where the step's length is decided) turns those seconds into tokens, so the key can replace
+    the token estimate wherever ``length_sorted_order`` sorts. With ``tool_latency_s == 0`` (or no tool calls) it is
+    ``tokens`` exactly, so the order is the token order. NaN in ``tokens`` or ``tool_calls`` stays NaN (unknown)."""
+    if not (np.isfinite(tool_latency_s) and tool_latency_s >= 0):
+        raise ValueError(f"tool_latency_s must be a finite number >= 0, got {tool_latency_s}")
+    if not (np.isfinite(tokens_per_s) and tokens_per_s > 0):
+        raise ValueError(f"tokens_per_s must be a finite number > 0, got {tokens_per_s}")
+    tokens = np.asarray(tokens, dtype=np.float64)
+    calls = np.asarray(tool_calls, dtype=np.float64)
+    if tool_latency_s == 0:
+        return tokens + np.where(np.isnan(calls), np.nan, 0.0)
+    return tokens + calls * (float(tool_latency_s) * float(tokens_per_s))

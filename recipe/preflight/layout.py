@@ -16,7 +16,8 @@ def fsdp_layout(cfg: Mapping) -> dict:
 
 
 def check_parallel(cfg: Mapping, hf: dict | None, errors: list[str]) -> dict:
-    """Megatron-core 0.16 layout rules (``parallel_state.initialize_model_parallel``, ``TransformerConfig``).
+    """Megatron-Core 0.18's layout rules (``parallel_state.initialize_model_parallel``, core_v0.18.0 :736 and :789,
+    ``TransformerConfig``; unchanged since 0.16).
 
     Two grids over the same GPUs: dense layers TP x CP x DP x PP = world, experts ETP x EP x EDP x PP = world
     (MoE parallel folding; ETP defaults to TP). So world % (TP x PP x CP) == 0 and EP x ETP divides world / PP;

@@ -6,8 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from ..rollout_spec import hydra_override as speculative_overrides
 from ..settings import RecipeConfigError
 from .knobs import ARR, MEG, RAY_ENV, REPO_ROOT, baseline_arm, is_cpu
+
+GROUP_AFFINITY_ROUTER = REPO_ROOT / "configs" / "router" / "group_affinity.yaml"
 
 
 def hydra_quote(value: str, var: str) -> str:
@@ -121,6 +124,8 @@ def _megatron(v: dict) -> list[str]:
         f"{meg}.sequence_parallel={_b(v['ACTOR_SEQUENCE_PARALLEL'])}",
         f"{ref}.sequence_parallel={_b(v['ACTOR_SEQUENCE_PARALLEL'])}",
         f"{meg}.use_distributed_optimizer=True",
+        f"{otc}.attention_backend={v['ACTOR_ATTENTION_BACKEND']}",
+        f"{meg}.dist_ckpt_optim_fully_reshardable={_b(v['CKPT_OPTIM_FULLY_RESHARDABLE'])}",
         f"{meg}.param_offload={_b(v['ACTOR_PARAM_OFFLOAD'])}",
         f"{meg}.optimizer_offload={_b(v['ACTOR_OPTIMIZER_OFFLOAD'])}",
         f"{ref}.param_offload={_b(v['ACTOR_PARAM_OFFLOAD'])}",
@@ -143,7 +148,8 @@ def _cpu_platform(v: dict) -> list[str]:
 
 
 def _rollout(v: dict) -> list[str]:
-    # the seed's baseline arm runs vLLM eagerly; the CPU config is always eager (no CUDA graphs on a CPU)
+    # the seed's baseline arm runs vLLM eagerly (vLLM's enforce_eager: no CUDA graphs and no torch.compile); the CPU
+    # config is always eager (no CUDA graphs on a CPU)
     eager = baseline_arm(v) == "eager" or is_cpu(v)
     return [
         f"{ARR}.rollout.name=vllm",
@@ -155,7 +161,10 @@ def _rollout(v: dict) -> list[str]:
         f"{ARR}.rollout.max_num_batched_tokens={v['ROLLOUT_MAX_NUM_BATCHED_TOKENS']}",
         f"{ARR}.rollout.scheduling_policy={v['ROLLOUT_SCHEDULING_POLICY']}",
         f"{ARR}.rollout.enforce_eager={_b(eager)}",
-    ] + ([
+    ] + speculative_overrides(v) + ([
+        # recipe/adapter/router.py through verl's router extension point (the YAML names the class)
+        f"{ARR}.rollout.router_config_path={hydra_quote(str(GROUP_AFFINITY_ROUTER), 'ROLLOUT_GROUP_AFFINITY')}",
+    ] if v["ROLLOUT_GROUP_AFFINITY"] else []) + ([
         # the CPU config prefills whole prompts, so vLLM needs max_num_batched_tokens >= max_model_len, which
         # defaults to the model's max_position_embeddings (verl vllm_async_server.py _validate_configs)
         f"{ARR}.rollout.max_model_len={v['MAX_PROMPT_LENGTH'] + v['MAX_RESPONSE_LENGTH']}",
@@ -192,6 +201,7 @@ def _arms(v: dict) -> list[str]:
         f"recipe.tail_cut.enable={int(v['TAIL_CUT_ENABLE'])}",
         f"recipe.tail_cut.fraction={v['TAIL_CUT_FRACTION']}",
         f"recipe.tail_cut.level_exponent={v['TAIL_CUT_LEVEL_EXPONENT']}",
+        f"recipe.tail_cut.max_extra_truncation={v['TAIL_CUT_MAX_EXTRA_TRUNCATION']}",
         "recipe.sampling_seed=" + ("null" if v["ROLLOUT_SAMPLING_SEED"] is None else str(v["ROLLOUT_SAMPLING_SEED"])),
     ]
 

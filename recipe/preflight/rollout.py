@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..rollout_spec import problems as speculative_problems
 from ..settings import select
 from .knobs import ARR
 
@@ -45,3 +46,5 @@ def check_rollout(cfg: Mapping, hf: dict | None, world: int, errors: list[str]) 
         errors.append("actor_rollout_ref.rollout.enable_chunked_prefill=True with ROLLOUT_SAMPLING_SEED on vLLM CPU: "
                       "a chunked prefill of a seeded request crashes the CPU engine; keep chunked prefill off (the "
                       "CPU config's default) or unset ROLLOUT_SAMPLING_SEED")
+    # speculative decoding (ROLLOUT_SPECULATIVE or a user's own engine_kwargs.vllm.speculative_config)
+    errors.extend(speculative_problems(cfg))

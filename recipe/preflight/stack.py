@@ -21,4 +21,17 @@ def check_stack(env: Mapping[str, str], errors: list[str], notes: list[str]) -> 
     stack = collect()
     for p in problems(stack, target):
         (errors if p.level == "error" else notes).append(p.text)
-    return describe(stack)
+    return describe(stack) + [_speculative(env, errors)]
+
+
+def _speculative(env: Mapping[str, str], errors: list[str]) -> str:
+    """arctic-inference (vLLM's suffix decoding needs it): reported always, an error when ROLLOUT_SPECULATIVE=suffix
+    would need it and it is not importable (before composition, so the message names the variable)."""
+    from ..rollout_spec import arctic_inference_version, arctic_problem
+
+    problem = arctic_problem((env.get("ROLLOUT_SPECULATIVE") or "").strip())
+    if problem:
+        errors.append(problem)
+    version = arctic_inference_version()
+    return ("arctic-inference not installed (ROLLOUT_SPECULATIVE=suffix needs it)" if version is None
+            else f"arctic-inference {version} (ROLLOUT_SPECULATIVE=suffix can run)")

@@ -14,3 +14,22 @@ def write_section(path: Path, start: str, end: str, heading: str, text: str) -> 
     else:
         new = old.rstrip("\n") + f"\n\n{heading}\n\n" + block + "\n"
     path.write_text(new)
+
+
+def section_main(doc: str, section, start: str, end: str, heading: str, argv: list[str] | None = None) -> int:
+    """The command line of a bench script that prints one results section and, with ``--results PATH``, writes it
+    between its markers there (``section()`` computes the text)."""
+    import argparse
+    import sys
+    import time
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--results", metavar="PATH", help="write the section into this markdown file")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    text = section()
+    print(text)
+    if args.results:
+        write_section(Path(args.results), start, end, heading, text)
+    print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return 0

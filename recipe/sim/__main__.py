@@ -7,6 +7,9 @@ policies (seeded from an earlier run of the same prompts, never the replayed one
 KV-cache capacity, policies ``DEFAULT_POLICIES``). ``best`` is the project's fastest policy: length-aware order +
 over-sample ``continue`` (partial rollout) bounded by ``max_resumes``, so it trains partly on tokens of the previous
 policy version (see the stale columns); ``best-onpolicy`` is the fastest strictly on-policy composition found.
+``best-onpolicy-spec`` adds speculative decoding (``recipe.sim.speculation``) to the tail cut at a truncation budget
+(``tailcut-budget``); ``--acceptance-length`` is the acceptance length it assumes (default: EAGLE-3 on
+Qwen3-30B-A3B at batch 1, AngelSlim, 2.04), reported under ``speculation`` in the JSON.
 """
 from __future__ import annotations
 
@@ -19,11 +22,14 @@ from . import trace as T
 from .engine import GPU_MEMORY_BYTES, GPU_MEMORY_UTILIZATION, EngineParams, fit_engine, kv_tokens_per_replica
 from .policies import POLICIES
 from .run import simulate, warm_epochs
+from .speculation import PUBLISHED_ACCEPTANCE, SpecCost
 
-DEFAULT_POLICIES = "baseline,seed,best-onpolicy,best,oracle"
+DEFAULT_POLICIES = "baseline,seed,best-onpolicy,tailcut-budget,best-onpolicy-spec,best,oracle"
 MOONSHOT_SPEEDUP = 1.5
 MOONSHOT_EXTRA_TRUNCATION = 0.01
 ONPOLICY_EPOCH0_SPEEDUP = 1.1
+ACCEPTANCE_SOURCES = {PUBLISHED_ACCEPTANCE["angelslim-eagle3"]: "EAGLE-3 on Qwen3-30B-A3B at batch 1 (AngelSlim)",
+                      PUBLISHED_ACCEPTANCE["cohere"]: "Cohere's published acceptance length for this model class"}
 
 
 def _parse_value(text: str):
@@ -70,6 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--prompt-len", type=int, default=d.prompt_len)
     eng.add_argument("--fit-engine", action="store_true",
                      help="fit decode a, b on the recorded trace's gen_time_s (sets c and prefill to 0)")
+    spec = ap.add_argument_group("speculative decoding (policies with speculate != off; recipe.sim.speculation)")
+    ds = SpecCost()
+    spec.add_argument("--acceptance-length", type=float, default=ds.tau,
+                      help="mean tokens emitted per verify step, bonus included (default: EAGLE-3 on Qwen3-30B-A3B at "
+                           f"batch 1, AngelSlim; published: {PUBLISHED_ACCEPTANCE})")
+    spec.add_argument("--spec-k", type=int, default=ds.k, help="draft tokens per verify step")
+    spec.add_argument("--spec-rho", type=float, default=ds.rho,
+                      help="share of a sequence's draft tokens that touch new experts (Cohere: ~0.6)")
+    spec.add_argument("--spec-t0", type=float, default=ds.t0, help="fixed seconds per step in the roofline")
+    spec.add_argument("--spec-sync-penalty", type=float, default=ds.sync_penalty,
+                      help="share added to every decode step of a speculating run (async scheduling off; 0: left out)")
     ap.add_argument("--record", metavar="DIR",
                     help="write each policy's steps (baseline included) as DIR/<policy>.jsonl, trainer format")
     return ap
@@ -110,6 +127,25 @@ def engine_params(args) -> tuple[EngineParams, dict | None]:
     return dataclasses.replace(p, **{k: fit[k] for k in ("decode_a", "decode_b", "decode_c", "prefill_tok_s")}), fit
 
 
+def spec_cost(args) -> SpecCost:
+    try:
+        return SpecCost.for_gpu(args.gpu, tau=args.acceptance_length, k=args.spec_k, rho=args.spec_rho,
+                                t0=args.spec_t0, sync_penalty=args.spec_sync_penalty)
+    except ValueError as exc:
+        raise SystemExit(f"speculation: {exc}") from None
+
+
+def spec_goal(by: dict[str, dict], name: str = "best-onpolicy-spec") -> dict:
+    """Issue 19 item 4's goal for ``name``: >= 1.5x the baseline at <= +1 point of extra truncation, on-policy."""
+    p, base_trunc = by[name], by["baseline"]["truncated_fraction"]
+    checks = {"at_least_1.5x": p["speedup_vs_baseline"] >= MOONSHOT_SPEEDUP,
+              "extra_truncation_at_most_1pp": p["truncated_fraction"] <= base_trunc + MOONSHOT_EXTRA_TRUNCATION,
+              "strictly_on_policy": p["max_policy_versions"] == 1 and p["stale_token_fraction"] == 0,
+              "every_prompt_once_per_epoch": p["every_prompt_once_per_epoch"]}
+    return {**checks, "met": all(checks.values()), "speedup": p["speedup_vs_baseline"],
+            "extra_truncation": round(p["truncated_fraction"] - base_trunc, 5)}
+
+
 def onpolicy_goal(by: dict[str, dict], name: str) -> dict:
     """The on-policy goal's checks for policy ``name`` against ``seed`` and ``baseline`` (report entries by name)."""
     on, seed, base_trunc = by[name], by["seed"], by["baseline"]["truncated_fraction"]
@@ -140,6 +176,8 @@ def goals(policies: list[dict]) -> dict:
         out["best_stale_token_fraction"] = best["stale_token_fraction"]
     if "best-onpolicy" in by and "seed" in by:
         out["onpolicy"] = onpolicy_goal(by, "best-onpolicy")
+    if "best-onpolicy-spec" in by:
+        out["onpolicy_spec"] = spec_goal(by)
     limit = base_trunc + MOONSHOT_EXTRA_TRUNCATION
     real = [p for p in policies if p["name"] != "oracle" and p["truncated_fraction"] <= limit]
     top = max(real, key=lambda p: p["speedup_vs_baseline"])
@@ -202,6 +240,12 @@ def markdown(report: dict) -> str:
                      f"{g['best_trains_every_prompt_once']}; best trains on up to {g['best_max_policy_versions']}"
                      f" policy versions per response, {100 * g['best_stale_token_fraction']:.1f}% of its trained "
                      "tokens from an older policy")
+    if "onpolicy_spec" in g:
+        o = g["onpolicy_spec"]
+        sp = report["speculation"]
+        lines.append(f"- best-onpolicy-spec (acceptance length {sp['tau']} at k={sp['k']}, assumed): "
+                     f"{o['speedup']:.3f}x at {100 * o['extra_truncation']:+.2f} points of truncation over baseline; "
+                     f"goal (>= 1.5x, <= +1 point, strictly on-policy): {'met' if o['met'] else 'NOT met'}")
     m = g["moonshot"]
     lines.append(f"- moonshot {m['target_speedup']}x at truncation <= {100 * m['max_truncated_fraction']:.2f}%: "
                  f"closest {m['closest_policy']} at {m['speedup']:.3f}x (gap {m['gap']:+.3f}; trains on up to "
@@ -220,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
     trace = load_trace(args)
     engine, fit = engine_params(args)
+    cost = spec_cost(args)
     previous = None
     if args.warm_start_from:
         previous = T.load_recorded(args.warm_start_from, censored_as=args.censored_as)
@@ -228,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                          "earlier run: pass --warm-start-from PATH.jsonl with a recorded trace (or drop them)")
     try:
         res = simulate(trace, names, engine, batch_size=args.batch_size, seed=args.seed, record_dir=args.record,
-                       previous=previous)
+                       previous=previous, spec_cost=cost)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     trace = res["trace"]
@@ -236,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         "trace": {"name": trace.name, "num_prompts": trace.num_prompts, "n": trace.n, "epochs": trace.epochs,
                   "response_length": trace.response_length, "params": trace.params, "summary": trace.summary()},
         "engine": {**engine.to_dict(), **({"fit": fit} if fit else {})},
+        # what the policies that speculate assume (recipe.sim.speculation.SpecCost; tau: the acceptance length)
+        "speculation": {**dataclasses.asdict(cost), "acceptance_length": cost.tau,
+                        "acceptance_length_source": ACCEPTANCE_SOURCES.get(cost.tau, "set with --acceptance-length"),
+                        "published_acceptance": PUBLISHED_ACCEPTANCE},
         "batch_size": args.batch_size,
         "seed": args.seed,
         "warm_epochs": warm_epochs(trace.epochs),

@@ -37,6 +37,10 @@ x 4 KV heads x 128 x 2 bytes = 96 KiB, split over TP4 as one KV head per GPU (24
 -> ~2.97M. At 128 requests per replica (batch 32 x n=16 over 4 replicas) a step holds (running sequences x their
 context) tokens: typically 0.3-0.5M at the peak, the worst case 128 x 16.6k = 2.1M. ``--kv-tokens`` overrides.
 
+Speculative decoding (``simulate_step(..., speculation=)``, ``recipe.sim.speculation``): each segment's decode time
+is multiplied by the roofline's per-token factor for its running count and mean context (verify steps emit the
+acceptance length per sequence); prefill is unchanged.
+
 The simulation is exact for this model. Without KV pressure it is vectorised: starts/finishes are computed in
 "token clock" units (decode steps), and between two consecutive start/finish events the running set is fixed, so
 the time of the whole segment is a closed-form sum (one step of 512 requests costs well under a millisecond per
@@ -163,7 +167,9 @@ def admission_order(n: int, priority=None) -> np.ndarray:
 class ReplicaTimeline:
     """The exact schedule of one replica for one step: per-request finish and wall-clock times, preemptions."""
 
-    def __init__(self, lengths: np.ndarray, context0: np.ndarray, p: EngineParams, priority=None):
+    def __init__(self, lengths: np.ndarray, context0: np.ndarray, p: EngineParams, priority=None,
+                 speculation=None):
+        self.speculation = speculation  # recipe.sim.speculation.Speculation: per-token time factor of a segment
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.size and self.lengths.min() < 1:
             raise ValueError("every request generates at least one token")
@@ -196,10 +202,11 @@ class ReplicaTimeline:
         e0, r, a0 = ev[:-1].astype(np.float64), running[:-1].astype(np.float64), ctx0[:-1]
         # Segment k: d steps with r running; the context sum at step t is a0 + r * t.
         seg = d * (p.decode_a + p.decode_b * r) + p.decode_c * (d * a0 + r * (d * e0 + d * (d - 1) / 2))
-        seg = np.where(r > 0, seg, 0.0)
+        f = self._spec_factor(r, np.where(r > 0, (a0 + r * e0) / np.maximum(r, 1.0), 0.0))
+        seg = np.where(r > 0, seg * f, 0.0)
         prefill = np.cumsum(np.bincount(ks, p.prefill_tok_s * self.context0.astype(np.float64), k))
         seg_cum = np.concatenate([[0.0], np.cumsum(seg)])
-        self._ev, self._r, self._a0 = ev, r, a0
+        self._ev, self._r, self._a0, self._f = ev, r, a0, f
         self._seg_start = seg_cum[:-1] + prefill[:-1]  # wall time when segment k starts decoding
         reach = seg_cum + np.concatenate([[0.0], prefill[:-1]])  # wall time when the clock reaches ev[k]
         self.finish_time = reach[kf]
@@ -208,6 +215,13 @@ class ReplicaTimeline:
         # block): context sum a0 + r * ev[k+1] over block_size, plus r.
         need = (a0 + r * ev[1:]) / p.block_size + r
         self.peak_blocks = float(need.max()) if len(need) else 0.0
+
+    def _spec_factor(self, running: np.ndarray, ctx_mean: np.ndarray) -> np.ndarray:
+        """Per-token time of a segment with ``running`` sequences at ``ctx_mean`` context over a plain decode step:
+        1 without speculation (``recipe.sim.speculation``: verify steps emit the acceptance length per sequence)."""
+        if self.speculation is None:
+            return np.ones(len(running))
+        return self.speculation.factor(running, ctx_mean)
 
     # -- KV pressure: admission and preemption event by event ------------------------------------------------------
     def _event_driven(self, order: np.ndarray) -> None:
@@ -275,6 +289,8 @@ class ReplicaTimeline:
             s0 = float((ctx0[idx] + gen[idx]).sum())
             beta = p.decode_c * r / 2
             alpha = p.decode_a + p.decode_b * r + p.decode_c * s0 - beta
+            f = float(self._spec_factor(np.array([r]), np.array([s0 / r]))[0])
+            alpha, beta = alpha * f, beta * f
             segments.append((t, alpha, beta, steps, gen.copy(), idx))
             t += alpha * steps + beta * steps * steps
             gen[idx] += steps
@@ -304,6 +320,7 @@ class ReplicaTimeline:
         # Elapsed after j steps of segment k: alpha * j + beta * j**2 (quadratic through the context term).
         beta = p.decode_c * r / 2
         alpha = p.decode_a + p.decode_b * r + p.decode_c * (self._a0[k] + r * e0) - beta
+        alpha, beta = alpha * self._f[k], beta * self._f[k]
         clock = e0 + min(_steps_within(t - self._seg_start[k], alpha, beta), int(self._ev[k + 1] - e0))
         return np.clip(clock - self.start, 0, self.lengths)
 
@@ -333,11 +350,12 @@ class StepTiming:
 
 
 def simulate_step(lengths, p: EngineParams, rng: np.random.Generator, context0=None, priority=None,
-                  predicted=None, placement: str = "least_inflight") -> StepTiming:
+                  predicted=None, placement: str = "least_inflight", speculation=None) -> StepTiming:
     """Time one step whose requests (in submission order) generate ``lengths`` tokens each, starting from
     ``context0`` tokens of context (default: the prompt). ``priority`` (lower first, vLLM's convention) switches
     the replicas to priority scheduling; ``placement="predicted_tokens"`` routes by ``predicted`` outstanding
-    tokens instead of verl's least in-flight count."""
+    tokens instead of verl's least in-flight count. ``speculation`` (``recipe.sim.speculation.Speculation``): draft
+    and verify by its schedule, each segment's decode time scaled by its factor."""
     lengths = np.asarray(lengths, dtype=np.int64).ravel()
     ctx = np.full(len(lengths), p.prompt_len) if context0 is None else np.asarray(context0).ravel()
     prio = None if priority is None else np.asarray(priority, dtype=np.float64).ravel()
@@ -354,7 +372,7 @@ def simulate_step(lengths, p: EngineParams, rng: np.random.Generator, context0=N
     timelines = []
     for rep in range(p.replicas):
         idx = np.flatnonzero(replica == rep)
-        tl = ReplicaTimeline(lengths[idx], ctx[idx], p, None if prio is None else prio[idx])
+        tl = ReplicaTimeline(lengths[idx], ctx[idx], p, None if prio is None else prio[idx], speculation)
         finish[idx] = tl.finish_time
         preempted[idx] = tl.num_preempted
         timelines.append(tl)

@@ -15,7 +15,11 @@ everything), which the engine model serves in priority order and preempts lowest
 ``placement="predicted_tokens"`` routes by predicted outstanding tokens (``engine.assign_by_predicted``).
 ``tail_cut < 1`` ends each step with ``recipe.core.tailcut.TailCut`` (the plan carries the batch's ``cut_level``
 for ``tail_cut_exponent``): the executor stops the step at its ``cut_time`` and the stopped responses are observed
-as aborted, i.e. censored and counted truncated, like a cap hit.
+as aborted, i.e. censored and counted truncated, like a cap hit. ``tail_cut_budget > 0`` replaces the fixed
+fraction by ``recipe.core.tailcut_budget.TailCutBudget``: each plan takes the controller's current rule, and each
+step's trained responses go to its ``observe`` as the trainer feeds them (``TAIL_CUT_MAX_EXTRA_TRUNCATION``).
+``speculate`` (``always``, or ``tail`` up to ``speculate_max_batch`` running sequences per replica) makes the executor
+run the step with speculative decoding (``recipe.sim.speculation``; the acceptance length is the executor's).
 
 Row order comes from ``EpochPlan`` in all four modes: ``plan`` sorts by the policy's own estimates, ``random``
 gives it an estimator that never observes anything (so every epoch is a fresh seeded permutation, verl's
@@ -42,8 +46,10 @@ from recipe.core.ordering import WITHIN_BUCKET, EpochPlan
 from recipe.core.oversample import REQUEUE_MODES, OverSampleController, StepOutcome, requeue_aborted
 from recipe.core.step_stats import StepResponses
 from recipe.core.tailcut import TailCut, batch_level
+from recipe.core.tailcut_budget import TailCutBudget
 
 from .engine import PLACEMENTS
+from .speculation import MODES as SPECULATE_MODES
 from .trace import Trace
 
 ORDERS = ("random", "plan", "oracle", "level")
@@ -78,6 +84,12 @@ class PolicySpec:
     warm_epochs: str = "all"  # which epochs of the earlier run seed the estimates: all | first
     priority: str = "fcfs"  # fcfs | longest_first (vLLM scheduling_policy=priority, per-request priority)
     placement: str = "least_inflight"  # least_inflight (verl's router) | predicted_tokens
+    # > 0: recipe.core.tailcut_budget.TailCutBudget holds the cut's estimated extra truncation at this share, the
+    # allowance starting at 1 - tail_cut (which must then be < 1), a deficit paid back over tail_cut_horizon steps
+    tail_cut_budget: float = 0.0
+    tail_cut_horizon: float = 8.0
+    speculate: str = "off"  # off | tail | always: speculative decoding (recipe.sim.speculation), the executor's cost
+    speculate_max_batch: int = 0  # tail: draft while a replica runs at most this many sequences
 
     def __post_init__(self):
         if (self.order not in ORDERS or self.cap not in CAPS or self.cap_scope not in CAP_SCOPES
@@ -90,6 +102,13 @@ class PolicySpec:
                              f" {WITHIN_BUCKET}, warm_start one of {WARM_STARTS}, warm_epochs one of {WARM_EPOCHS},"
                              f" priority one of {PRIORITIES}, placement one of {PLACEMENTS} and max_resumes >= 0")
         TailCut(self.tail_cut, self.tail_cut_exponent)  # validates both
+        if self.tail_cut_budget:
+            if self.tail_cut >= 1.0:
+                raise ValueError(f"policy {self.name!r}: tail_cut_budget needs tail_cut < 1 (its starting point)")
+            TailCutBudget(self.tail_cut_budget, self.tail_cut_exponent, horizon=self.tail_cut_horizon)  # validates
+        if self.speculate not in SPECULATE_MODES or (self.speculate == "tail") != (self.speculate_max_batch > 0):
+            raise ValueError(f"policy {self.name!r}: speculate must be one of {SPECULATE_MODES}, with "
+                             "speculate_max_batch > 0 exactly when it is 'tail'")
         if self.tail_cut < 1.0 and self.oversample_ratio > 0:
             # The executor picks the kept groups by when they complete, which a cut before that cannot know yet.
             raise ValueError(f"policy {self.name!r}: tail_cut < 1 with oversample_ratio > 0 is not modelled; set "
@@ -119,6 +138,13 @@ class PolicySpec:
             d.pop("tail_cut")
         if self.tail_cut == 1.0 or self.tail_cut_exponent == 0:
             d.pop("tail_cut_exponent")
+        if not self.tail_cut_budget:
+            d.pop("tail_cut_budget")
+            d.pop("tail_cut_horizon")
+        if self.speculate == "off":
+            d.pop("speculate")
+        if self.speculate != "tail":
+            d.pop("speculate_max_batch")
         if self.within_bucket == "sorted":
             d.pop("within_bucket")
         if self.warm_start == "none":
@@ -176,6 +202,8 @@ class Policy:
                                                 spec.max_resumes) if spec.oversample_ratio > 0 else None)
         self.partial_resumes: dict[int, int] = {}  # rows whose partial group waits to be resumed -> resumes so far
         self.tail_cut = TailCut(spec.tail_cut, spec.tail_cut_exponent) if spec.tail_cut < 1.0 else None
+        self.cut_budget = (TailCutBudget(spec.tail_cut_budget, spec.tail_cut_exponent, horizon=spec.tail_cut_horizon,
+                                         initial_allowance=1.0 - spec.tail_cut) if spec.tail_cut_budget else None)
         self.epoch = -1
         self.warm_rows = 0
         if spec.warm_start != "none":
@@ -223,6 +251,8 @@ class Policy:
         if self.spec.priority == "longest_first":
             priority = np.where(resumes > 0, RESUMED_PRIORITY, -expected)
         cut_level = 1.0
+        if self.cut_budget is not None:
+            self.tail_cut = self.cut_budget.cut()  # this step's allowance, from what the run has observed
         if self.tail_cut and self.tail_cut.level_exponent > 0:
             cut_level = batch_level(predicted, self.estimates.get(np.arange(self.estimates.num_rows),
                                                                   fill_prior=False))
@@ -267,6 +297,8 @@ class Policy:
         self.estimates.update(resp.rows, resp.lengths, resp.censored())
         if self.cap:
             self.cap.observe_step(self.epoch, resp)
+        if self.cut_budget is not None:
+            self.cut_budget.observe(resp)
         return resp
 
 
@@ -365,3 +397,31 @@ register(PolicySpec("partial-rollout-unbounded", f"best without the resume bound
 register(PolicySpec("oracle", "order by this epoch's true group maxima, no cap (not realisable)", order="oracle"))
 register(PolicySpec("level-oracle", "order by each prompt's true level in this epoch, no cap (not realisable: a "
                     "perfect estimate of the prompt, without the epoch's draws)", order="level"))
+# tailcut-budget (item 5 of issue 19): tailcut-level's order and level exponent, the allowance held per step by
+# recipe.core.tailcut_budget.TailCutBudget at an extra-truncation budget (TAIL_CUT_MAX_EXTRA_TRUNCATION in the
+# trainer) instead of a fixed fraction: it starts from tailcut-level's 0.975 and moves by what the run observes.
+TAILCUT_BUDGET = 0.01
+TAILCUT_BUDGET_HORIZON = 8.0
+_TAILCUT_BUDGET = dict(**TAILCUT_LEVEL, tail_cut_budget=TAILCUT_BUDGET, tail_cut_horizon=TAILCUT_BUDGET_HORIZON)
+register(PolicySpec("tailcut-budget", f"strictly on-policy: tailcut-level with the allowance held per step by a "
+                    f"controller at {100 * TAILCUT_BUDGET:g} point of estimated extra truncation (Kaplan-Meier "
+                    "estimate of the cut responses bound for EOS, from the run's own observations)", **_ONPOLICY,
+                    **_WARM, **_TAILCUT_BUDGET))
+# Speculative decoding (item 4; recipe.sim.speculation): the acceptance length and the cost model are the
+# executor's (python -m recipe.sim --acceptance-length), the policy says when to draft.
+# best-onpolicy-spec (bench/sim_spec.py's tuning table, trace seeds 10-14, chosen before it ran on seeds 0-2):
+# speculation on every step (by the roofline, verification at full batch is nearly free, so always-on beats every
+# tail-only schedule) + tailcut-budget's order and cut at the largest budget, in steps of 0.001, whose measured
+# extra truncation stays <= 1 point on every tuning seed of the reference trace (the controller's Kaplan-Meier
+# estimate runs ~0.1 point below the truth there).
+SPEC_BUDGET = 0.008
+SPEC_TAIL_MAX_BATCH = 32  # recipe/rollout_spec.py's DEFAULT_MAX_BATCH_NGRAM
+_SPEC_CUT = {**_TAILCUT_BUDGET, "tail_cut_budget": SPEC_BUDGET}
+register(PolicySpec("best-onpolicy-spec", f"strictly on-policy: speculative decoding on every step (acceptance "
+                    f"length: the run's --acceptance-length) + tailcut-budget's warm-started order and cut at a "
+                    f"{100 * SPEC_BUDGET:g}-point budget", **_ONPOLICY, **_WARM, **_SPEC_CUT, speculate="always"))
+register(PolicySpec("onpolicy-spec-tail", f"best-onpolicy-spec drafting only while a replica runs at most "
+                    f"{SPEC_TAIL_MAX_BATCH} sequences (vLLM's per-batch-size draft schedule)", **_ONPOLICY, **_WARM,
+                    **_SPEC_CUT, speculate="tail", speculate_max_batch=SPEC_TAIL_MAX_BATCH))
+register(PolicySpec("tailcut-budget-spec-off", "best-onpolicy-spec without speculation: its order and cut alone",
+                    **_ONPOLICY, **_WARM, **_SPEC_CUT))

@@ -19,6 +19,7 @@ from recipe.traces import LengthTraceWriter, finish_reasons
 
 from .engine import EngineParams, epoch_lower_bound, simulate_step, step_lower_bound
 from .policies import POLICIES, Policy, make_policy
+from .speculation import SpecCost, Speculation
 from .trace import Trace
 
 
@@ -130,8 +131,16 @@ class ModelExecutor:
     swaps in a real vLLM engine behind the same ``run_step``; everything else (policy, controller, plan,
     bookkeeping) is shared."""
 
-    def __init__(self, engine: EngineParams, seed: int = 0):
+    def __init__(self, engine: EngineParams, seed: int = 0, spec_cost: SpecCost | None = None):
         self.engine, self.seed = engine, seed
+        self.spec_cost = spec_cost or SpecCost()  # what drafting costs and buys, for policies that speculate
+
+    def speculation(self, policy: Policy) -> Speculation | None:
+        """The drafting schedule of ``policy`` on this executor's cost model (None: it does not speculate)."""
+        s = policy.spec
+        if s.speculate == "off":
+            return None
+        return Speculation(self.spec_cost, s.speculate_max_batch if s.speculate == "tail" else None)
 
     def run_step(self, policy: Policy, plan, launch: StepLaunch, *, epoch: int, global_step: int) -> StepResult:
         todo = launch.todo
@@ -139,9 +148,10 @@ class ModelExecutor:
         n = todo.shape[1]
         priority = None if plan.priority is None else np.repeat(plan.priority, n).reshape(todo.shape)[live]
         outstanding = np.maximum(plan.expected[:, None] - launch.have, 1.0)[live]  # predicted tokens still to go
+        spec = self.speculation(policy)
         timing = simulate_step(todo[live], self.engine, np.random.default_rng([self.seed, epoch, global_step]),
                                context0=self.engine.prompt_len + launch.have[live], priority=priority,
-                               predicted=outstanding, placement=policy.spec.placement)
+                               predicted=outstanding, placement=policy.spec.placement, speculation=spec)
         finish = np.zeros(todo.shape)
         finish[live] = timing.finish_time
         kept, t_end = np.ones(len(plan.rows), bool), timing.time_s
@@ -153,7 +163,8 @@ class ModelExecutor:
         now = todo.copy()
         if t_end < timing.time_s:
             now[live] = np.minimum(timing.tokens_by(t_end), todo[live])
-        return StepResult(now=now, kept=kept, time_s=t_end, lower_bound_s=step_lower_bound(now[live], self.engine),
+        bound = step_lower_bound(now[live], self.engine) * (1.0 if spec is None else spec.min_factor())
+        return StepResult(now=now, kept=kept, time_s=t_end, lower_bound_s=bound,
                           preemptions=int(timing.num_preempted.sum()),
                           recomputed_tokens=timing.recomputed_tokens)
 
@@ -228,11 +239,11 @@ def iter_policy(trace: Trace, name: str, executor, *, batch_size: int, seed: int
 
 def run_policy(trace: Trace, name: str, engine: EngineParams, *, batch_size: int, seed: int = 0,
                record_path: str | Path | None = None, previous: Trace | None = None,
-               executor: ModelExecutor | None = None) -> PolicyRun:
+               executor: ModelExecutor | None = None, spec_cost: SpecCost | None = None) -> PolicyRun:
     """Replay every epoch of ``trace`` under policy ``name`` on the engine model (see ``iter_policy``);
     ``executor``: a ``ModelExecutor`` subclass instance to run the steps instead (``recipe.sim.foresight``)."""
     out = PolicyRun(name=name, spec=POLICIES[name].to_dict() if name in POLICIES else {})
-    executor = executor or ModelExecutor(engine, seed)
+    executor = executor or ModelExecutor(engine, seed, spec_cost)
     for _ in iter_policy(trace, name, executor, batch_size=batch_size, seed=seed,
                          record_path=record_path, run=out, previous=previous):
         pass
@@ -388,10 +399,11 @@ def trace_lower_bound(trace: Trace, engine: EngineParams, batch_size: int) -> fl
 
 
 def simulate(trace: Trace, policies: list[str], engine: EngineParams, *, batch_size: int, seed: int = 0,
-             record_dir: str | None = None, previous: Trace | None = None) -> dict:
+             record_dir: str | None = None, previous: Trace | None = None, spec_cost: SpecCost | None = None) -> dict:
     """Run ``policies`` (baseline always runs, the ratios need it) and return the report's policy entries;
     ``record_dir`` receives ``<policy>.jsonl`` in the trainer's trace format (replaced if present). Warm-started
-    policies seed from ``previous`` (default: ``trace.previous_run()`` for a generated trace)."""
+    policies seed from ``previous`` (default: ``trace.previous_run()`` for a generated trace). ``spec_cost``: the
+    speculative-decoding cost model and acceptance length for policies that speculate (default ``SpecCost()``)."""
     if trace.num_prompts < batch_size:
         raise ValueError(f"{trace.num_prompts} prompts make no full batch of {batch_size}")
     unknown = [nm for nm in policies if nm not in POLICIES]
@@ -409,7 +421,7 @@ def simulate(trace: Trace, policies: list[str], engine: EngineParams, *, batch_s
             paths[nm] = Path(record_dir) / f"{nm}.jsonl"
             paths[nm].unlink(missing_ok=True)  # the writer appends
     runs = {nm: run_policy(trace, nm, engine, batch_size=batch_size, seed=seed, record_path=paths[nm],
-                           previous=previous) for nm in names}
+                           previous=previous, spec_cost=spec_cost) for nm in names}
     base, oracle = runs["baseline"], runs.get("oracle")
     entries = [summarize(runs[nm], trace.epochs, trace.num_prompts, base, oracle) for nm in names
                if nm in policies or nm == "baseline"]

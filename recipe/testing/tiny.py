@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 TOKENIZER_VERSION = "tok-v1"
-MODEL_VERSION = f"qwen3moe-v1-{TOKENIZER_VERSION}"
+MODEL_VERSION = f"qwen3moe-v2-{TOKENIZER_VERSION}"
 DATA_VERSION = "math-v1"
 
 DATA_SOURCE = "recipe/tiny_math"
@@ -140,7 +140,8 @@ def build_tokenizer(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def build_tiny_qwen3_moe(cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
-    """A randomly initialised (seeded) 4-layer, 8-expert Qwen3-MoE in float32, saved with its tokenizer.
+    """A randomly initialised (seeded) 4-layer, 8-expert Qwen3-MoE in float32, saved with its tokenizer; top-k routing
+    weights renormalised (``norm_topk_prob``) as in Qwen3-30B-A3B, so Megatron and vLLM route alike.
 
     float32 because vLLM's CPU backend only runs eager mode in float32 on these machines (bf16 + eager crashes).
     The dir holds config.json, model.safetensors, generation_config.json and the tokenizer files: it is a complete
@@ -159,7 +160,9 @@ def build_tiny_qwen3_moe(cache_dir: str | os.PathLike | None = None, seed: int =
         config = Qwen3MoeConfig(
             hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
-            vocab_size=len(tok), max_position_embeddings=4096, dtype="float32", **ids,
+            vocab_size=len(tok), max_position_embeddings=4096, dtype="float32",
+            # as Qwen3-30B-A3B: Megatron-Bridge always renormalises the top-k routing weights, HF and vLLM follow this
+            norm_topk_prob=True, **ids,
         )
         torch.manual_seed(seed)
         model = Qwen3MoeForCausalLM(config).to(torch.float32)

@@ -1,9 +1,13 @@
 """The tail cut's watch on a real TransferQueue: it aborts the replicas once enough of the step's responses are
 recorded (as verl's agent-loop worker records them), and not before. ``Replicas`` stands in for verl's
 CheckpointEngineManager (its abort needs Ray-managed vLLM servers); the cut through verl's real server runs where
-verl's vLLM does (tests/e2e cover the abort path with over-sampling)."""
-import time
+verl's vLLM does (tests/e2e cover the abort path with over-sampling).
 
+"Not yet" is checked without sleeping: ``Watch`` counts the monitor's polls, and ``settled`` waits until a poll that
+began after the records were written has been acted on (the next poll began, or the watch ended)."""
+import threading
+
+import pytest
 import torch
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
@@ -24,32 +28,70 @@ class Replicas:
         self.calls.append(("resume",))
 
 
+class Watch(TailCutMonitor):
+    """The monitor with its polls counted and the end of its watch recorded."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.polls, self.ended, self._cv = 0, False, threading.Condition()
+
+    def start(self, *args, **kwargs):
+        self.ended = False
+        super().start(*args, **kwargs)
+
+    def _finished(self, uids, partition_id):
+        with self._cv:
+            self.polls += 1
+            self._cv.notify_all()
+        return super()._finished(uids, partition_id)
+
+    def _watch(self, *args):
+        try:
+            super()._watch(*args)
+        finally:
+            with self._cv:
+                self.ended = True
+                self._cv.notify_all()
+
+    def settled(self, timeout=30.0):
+        """Wait until the watch has acted on a poll that began after this call; False on timeout."""
+        with self._cv:
+            target = self.polls + 2
+            return self._cv.wait_for(lambda: self.polls >= target or self.ended, timeout)
+
+
+@pytest.fixture
+def watches(tq_cluster):
+    """Makes the test's monitors and stops them at teardown, pass or fail: a failed test must not leave a watch
+    thread polling TransferQueue (and aborting replicas) under the next test."""
+    made = []
+
+    def make(cut):
+        made.append(Watch(cut, rollout_n=N, poll_s=0.01))
+        return made[-1]
+
+    yield make
+    for monitor in made:
+        monitor.stop(launched_responses=0)
+
+
 def finish(tq, uid, sessions):
     keys = [f"{uid}_{s}_0" for s in sessions]
     tq.kv_batch_put(keys=keys, partition_id="train", tags=[{"status": "success"} for _ in keys],
                     fields=list_of_dict_to_tensordict([{"responses": torch.ones(3)} for _ in keys]))
 
 
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return predicate()
-
-
-def test_cuts_once_enough_responses_are_done_and_reports_which(tq_cluster):
+def test_cuts_once_enough_responses_are_done_and_reports_which(tq_cluster, watches):
     uids = [f"u{i}" for i in range(5)]  # 20 responses: at 0.85, cut once 17 are done
-    replicas, monitor = Replicas(), TailCutMonitor(TailCut(0.85), rollout_n=N, poll_s=0.01)
+    replicas, monitor = Replicas(), watches(TailCut(0.85))
     monitor.start(replicas, uids, level=1.0)
     for uid in uids[:4]:
         finish(tq_cluster, uid, range(N))  # 16 done
-    time.sleep(0.2)
-    assert replicas.calls == []  # not yet
+    assert monitor.settled() and replicas.calls == []  # the watch has seen the 16: not yet
     finish(tq_cluster, "other", range(N))  # another step's records do not count
-    time.sleep(0.1)
-    assert replicas.calls == []
+    assert monitor.settled() and replicas.calls == []
     finish(tq_cluster, uids[4], [0])  # 17: cut
-    assert wait_until(lambda: replicas.calls == [("abort", False)])
+    assert monitor.settled() and monitor.ended and replicas.calls == [("abort", False)]
     finish(tq_cluster, uids[4], [1, 2, 3])  # the aborted ones come back as shorter responses
     metrics = monitor.stop(launched_responses=len(uids) * N)
     assert metrics == {"rollout/tail_cut/cut": 1.0, "rollout/tail_cut/cut_responses": 3.0}
@@ -58,12 +100,38 @@ def test_cuts_once_enough_responses_are_done_and_reports_which(tq_cluster):
     assert replicas.calls[-1] == ("resume",)
 
 
-def test_a_step_that_finishes_on_its_own_is_not_cut(tq_cluster):
-    replicas, monitor = Replicas(), TailCutMonitor(TailCut(1.0), rollout_n=N, poll_s=0.01)
+@pytest.mark.parametrize("prompt_status", ["finished", "success"])
+def test_prompt_records_are_not_finished_responses(tq_cluster, watches, prompt_status):
+    """verl registers each group's prompt under its bare uid in the same partition (tag ``is_prompt``, status
+    pending -> running -> finished): 16 responses and 4 finished groups are 16 done, not 20 (>= the 17 that cut).
+    "success" is a trajectory's status, never a prompt's in verl 0.9.1: ``is_prompt`` alone must keep it out."""
+    uids = [f"p{i}" for i in range(5)]
+    tq_cluster.kv_batch_put(keys=uids, partition_id="train",
+                            tags=[{"is_prompt": True, "status": "running", "global_steps": 1} for _ in uids])
+    replicas, monitor = Replicas(), watches(TailCut(0.85))
+    monitor.start(replicas, uids, level=1.0)
+    for uid in uids[:4]:
+        finish(tq_cluster, uid, range(N))
+        tq_cluster.kv_put(key=uid, partition_id="train", tag={"status": prompt_status})  # the group is done
+    assert tq_cluster.kv_list("train")["train"]["p0"] == {"is_prompt": True, "status": prompt_status,
+                                                          "global_steps": 1}
+    assert monitor.settled() and replicas.calls == []
+    finish(tq_cluster, uids[4], [0])  # 17 responses: cut
+    assert monitor.settled() and replicas.calls == [("abort", False)]
+    assert monitor.done_at_cut == {f"{u}_{s}_0" for u in uids[:4] for s in range(N)} | {"p4_0_0"}
+
+
+def test_a_step_that_finishes_on_its_own_is_not_cut(tq_cluster, watches):
+    """A cut at 0.75 fires once 6 of these 8 responses are done and 2 still run; here all 8 are recorded at once
+    (one put), so the watch sees the step complete and ends by itself without aborting anything."""
+    replicas, monitor = Replicas(), watches(TailCut(0.75))
     monitor.start(replicas, ["a", "b"], level=1.0)
-    finish(tq_cluster, "a", range(N))
-    finish(tq_cluster, "b", range(N))
-    time.sleep(0.1)
-    assert monitor.stop(launched_responses=2 * N) == {"rollout/tail_cut/cut": 0.0, "rollout/tail_cut/cut_responses": 0.0}
+    assert monitor.settled() and not monitor.ended  # watching, nothing done yet
+    tq_cluster.kv_batch_put(keys=[f"{u}_{s}_0" for u in "ab" for s in range(N)], partition_id="train",
+                            tags=[{"status": "success"}] * (2 * N),
+                            fields=list_of_dict_to_tensordict([{"responses": torch.ones(3)}] * (2 * N)))
+    assert monitor.settled() and monitor.ended and replicas.calls == []
+    metrics = monitor.stop(launched_responses=2 * N)
+    assert metrics == {"rollout/tail_cut/cut": 0.0, "rollout/tail_cut/cut_responses": 0.0}
     monitor.resume(replicas)
     assert replicas.calls == []

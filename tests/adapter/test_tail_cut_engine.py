@@ -56,20 +56,23 @@ def test_the_tail_cut_ends_a_step_and_trains_the_stragglers_truncated(vllm_engin
 
     trainer.prepare_step()
     trainer.on_sample_begin()
-    batch, _ = trainer.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=B)
-    trainer.on_sample_end()
-    trainer.observe_batch(batch, gen_time_s=0.0)
-    tq_cluster.kv_clear(keys=batch.keys, partition_id="train")
-    trainer.on_step_end()
+    try:
+        batch, _ = trainer.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=B)
+        trainer.on_sample_end()
+        trainer.observe_batch(batch, gen_time_s=0.0)
+        tq_cluster.kv_clear(keys=batch.keys, partition_id="train")
+        trainer.on_step_end()
 
-    calls = trainer.checkpoint_manager.calls
-    assert calls[:2] == ["abort", "sleep"] and calls[-1] == "resume"
-    assert trainer.tail_cut.last_metrics == {"rollout/tail_cut/cut": 1.0, "rollout/tail_cut/cut_responses": 4.0}
-    assert vllm_engine.run(vllm_engine.wait_until_idle()) == {"frontend": 0, "running": 0, "waiting": 0}
-    record = json.loads((tmp_path / "run" / "length_traces.jsonl").read_text().splitlines()[-1])
-    assert len(set(record["rows"])) == B and len(record["rows"]) == B * N  # every group trained, none dropped
-    for row, length, finish in zip(record["rows"], record["lengths"], record["finish"]):
-        if row == long_row["row"]:
-            assert finish == "cut" and 0 < length < LONG  # stopped where it was, trained truncated
-        else:
-            assert finish == "eos" and length == SHORT
+        calls = trainer.checkpoint_manager.calls
+        assert calls[:2] == ["abort", "sleep"] and calls[-1] == "resume"
+        assert trainer.tail_cut.last_metrics == {"rollout/tail_cut/cut": 1.0, "rollout/tail_cut/cut_responses": 4.0}
+        assert vllm_engine.run(vllm_engine.wait_until_idle()) == {"frontend": 0, "running": 0, "waiting": 0}
+        record = json.loads((tmp_path / "run" / "length_traces.jsonl").read_text().splitlines()[-1])
+        assert len(set(record["rows"])) == B and len(record["rows"]) == B * N  # every group trained, none dropped
+        for row, length, finish in zip(record["rows"], record["lengths"], record["finish"]):
+            if row == long_row["row"]:
+                assert finish == "cut" and 0 < length < LONG  # stopped where it was, trained truncated
+            else:
+                assert finish == "eos" and length == SHORT
+    finally:  # a failure above must not leave the watch thread polling (and aborting) under later tests
+        trainer.tail_cut.stop(launched_responses=0)

@@ -175,7 +175,9 @@ def test_warm_start_from_an_earlier_runs_traces_on_a_reordered_file(tiny_artifac
     assert plan.epoch == 0 and np.all(np.diff(carried[plan.order]) >= 0)  # epoch 0 sorted by the estimates
     rows = column_to_numpy(batch[ROW_ID], dtype=np.int64)
     assert np.allclose(batch[PREDICTION].numpy(), carried[rows])
-    assert batch[CAP][0] > 0  # capped from the first step
+    want_cap = max(16, int(np.ceil(1.0 * carried[rows].mean())))  # the seed formula (min_tokens=16, factor 1.0)
+    assert want_cap < 64, "the test must exercise a binding cap"
+    assert batch[CAP].tolist() == [want_cap] * TRAIN_BATCH  # capped from the first step
 
 
 def test_longest_predicted_first_sets_priorities_and_dispatch_order(tiny_artifacts, tmp_path):
@@ -194,8 +196,43 @@ def test_longest_predicted_first_sets_priorities_and_dispatch_order(tiny_artifac
     assert PRIORITY not in make_trainer(tiny_artifacts, tmp_path / "fcfs")._next_train_batch().keys()
 
 
+def test_rows_without_an_estimate_get_the_prior_as_priority(tiny_artifacts, tmp_path):
+    """A row nothing is known about runs where the population prior puts it (the middle of longest-first), not at
+    priority 0, which would put it behind every row with a prediction."""
+    trainer = make_trainer(tiny_artifacts, tmp_path, "actor_rollout_ref.rollout.scheduling_policy=priority")
+    rows = np.arange(trainer.length_sampler.num_rows)
+    est = trainer.length_sampler.estimates
+    known, unknown = rows[::2], rows[1::2]
+    est.warm_start(known, [true_len(r, 0) for r in known])
+    prior = est.prior()
+    assert np.isnan(est.get(unknown, fill_prior=False)).all() and prior > 0
+    pri = trainer.row_priorities(rows)
+    assert pri[known].tolist() == [-true_len(r, 0) for r in known]
+    assert pri[unknown].tolist() == [-int(np.round(prior))] * len(unknown)
+
+
+def test_groups_resumed_from_partial_responses_get_the_resumed_priority(tiny_artifacts, tmp_path):
+    """Over-sample ``continue``: a row whose partial responses wait in TransferQueue gets ``RESUMED_PRIORITY``,
+    ahead of every fresh row whatever its prediction (here the shortest, which would otherwise go last)."""
+    from recipe.adapter.partial import PartialRef
+    from recipe.adapter.trainer import RESUMED_PRIORITY
+
+    trainer = make_trainer(tiny_artifacts, tmp_path, "actor_rollout_ref.rollout.scheduling_policy=priority",
+                           "recipe.over_sample.enable=1", "recipe.over_sample.requeue=continue")
+    rows = np.arange(trainer.length_sampler.num_rows)
+    trainer.length_sampler.estimates.warm_start(rows, [true_len(r, 0) for r in rows])
+    resumed = int(np.argmin([true_len(r, 0) for r in rows]))  # the shortest prediction: last, were it fresh
+    trainer.over_sample.partials[resumed] = PartialRef(key_prefix="u", partition_id="train", complete=[False] * N_RESP,
+                                                       min_version=1, resumes=1, has_logprobs=False)
+    pri = trainer.row_priorities(rows)
+    assert pri[resumed] == RESUMED_PRIORITY
+    assert [p for r, p in enumerate(pri.tolist()) if r != resumed] == [-true_len(r, 0) for r in rows if r != resumed]
+
+
 def test_budget_cap_warm_started_caps_the_first_epoch(tiny_artifacts, tmp_path, tq_cluster):
-    """recipe.cap.mode=budget through the trainer: calibrated on an earlier run's traces, it caps epoch 0."""
+    """recipe.cap.mode=budget through the trainer: calibrated on an earlier run's traces, it caps every batch of
+    epoch 0 exactly as the same calibration on the responses that run was given does (the settings' budget, align
+    and min_tokens reaching the cap, the traces' entries matched and fed as they should be)."""
     first = make_trainer(tiny_artifacts, tmp_path / "first")
     for step in range(1, 2 * first.steps_per_epoch + 1):
         first.global_steps = step
@@ -210,8 +247,26 @@ def test_budget_cap_warm_started_caps_the_first_epoch(tiny_artifacts, tmp_path, 
                           "recipe.cap.mode=budget", "recipe.cap.budget.budget=0.05", "recipe.cap.budget.align=4",
                           "recipe.cap.budget.min_tokens=8")
     assert type(second.cap_policy).__name__ == "BudgetCap" and second.warm_start.cap_responses > 0
-    batch = second._next_train_batch()
-    assert 0 < int(batch[CAP][0]) < 64
+    # the same calibration from the responses the first run was given (rows sharing a prompt share its responses):
+    # epoch 1 predicted by epoch 0, every response an exact length (all < 64, so none hit the first run's cap)
+    from recipe.core.cap import BudgetCap, warm_start_cap
+
+    keys = first.train_dataset.prompt_keys()
+    entries = [(epoch, i, true_len(j, s)) for epoch in (0, 1) for i, key in enumerate(keys)
+               for j, other in enumerate(keys) if other == key for s in range(N_RESP)]
+    epochs, rows, lengths = (np.array(column) for column in zip(*entries))
+    ref = BudgetCap(64, budget=0.05, align=4, min_tokens=8)
+    assert warm_start_cap(ref, rows, lengths, np.zeros(len(rows), bool), epochs, response_length=64,
+                          ema_decay=second.settings.sampler.ema_decay,
+                          statistic=second.settings.sampler.statistic) == second.warm_start.cap_responses
+    caps, wants = [], []
+    for step in range(1, second.steps_per_epoch + 1):  # every batch of epoch 0 (nothing observed in between)
+        second.global_steps = step
+        batch = second._next_train_batch()
+        caps.append(batch[CAP].tolist())
+        wants.append([ref.cap_for_batch(batch[PREDICTION].numpy())] * TRAIN_BATCH)
+    assert caps == wants
+    assert all(8 < c[0] < 64 for c in wants) and len({c[0] for c in wants}) > 1, "binding caps, above the floor"
 
 
 def test_responses_stopped_by_the_tail_cut_are_traced_as_cut_and_censored(tiny_artifacts, tmp_path, tq_cluster):

@@ -149,6 +149,9 @@ def test_vllm_plugin_patches_once_and_only_on_the_cpu(monkeypatch):
     monkeypatch.setattr(layer_utils, "dispatch_cpu_unquantized_gemm", layer_utils.dispatch_cpu_unquantized_gemm)
     monkeypatch.setattr(moe.UnquantizedFusedMoEMethod, "process_weights_after_loading",
                         moe.UnquantizedFusedMoEMethod.process_weights_after_loading)
+    import vllm.utils.cpu_triton_utils as cpu_tl
+
+    monkeypatch.setattr(cpu_tl, "expand_kernel", cpu_tl.expand_kernel)  # apply() also fixes the expand shim
     vllm_plugin.apply()
     first = layer_utils.dispatch_cpu_unquantized_gemm
     assert getattr(first, vllm_plugin.MARK, False)
@@ -168,3 +171,20 @@ def test_cpu_preset_exports_the_platform_environment(name):
     from recipe.cpu.preset import PLATFORM_ENV
 
     assert name in PLATFORM_ENV
+
+
+def test_vllm_defect_c_expand_shim_writes_into_a_temporary():
+    """vLLM CPU's expand shim still hands its kernel an int64 copy of the (float) output, the CPU runner still binds
+    the module attribute the plugin replaces, and it does so after the plugins ran (vLLM #55005; behaviour:
+    tests/spec/test_expand_fix.py)."""
+    check_source("vllm.utils.cpu_triton_utils:_expand_kernel_impl",
+                 ["torch.ops._C.expand_kernel_impl(", "_ensure_int64(output),", "_ensure_int64(input_val),"],
+                 "recipe/cpu/vllm_plugin.py fix_spec_expand_kernel (fixed upstream, vLLM PR #55006? then drop it)")
+    check_source("vllm.v1.worker.cpu_model_runner:CPUModelRunner._postprocess_triton",
+                 ["if HAS_TRITON:", "vllm.v1.sample.rejection_sampler.expand_kernel = cpu_tl.expand_kernel"],
+                 "fix_spec_expand_kernel replaces cpu_triton_utils.expand_kernel, which the runner binds at init")
+    check_order("vllm.v1.worker.worker_base:WorkerWrapperBase.init_worker", "load_general_plugins()",
+                "resolve_obj_by_qualname(", "the plugin's fix is in place before the worker builds its model runner")
+    check_source("vllm.v1.sample.rejection_sampler:apply_sampling_constraints",
+                 ["temperature = expand_batch_to_tokens(", "top_p = expand_batch_to_tokens("],
+                 "the per-token temperature and top_p the expand fix repairs")

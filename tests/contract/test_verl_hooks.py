@@ -241,3 +241,37 @@ def test_recipe_package_is_not_shadowed_by_transfer_queue():
     out = subprocess.run([sys.executable, "-c", "import recipe; print(recipe.__file__)"], cwd="/",
                          capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("recipe/__init__.py"), out
+
+
+def test_rollout_engine_kwargs_reach_vllm_verbatim():
+    """ROLLOUT_SPECULATIVE sets engine_kwargs.vllm.speculative_config; verl passes engine_kwargs.vllm to vLLM's
+    engine arguments unchanged, a dict as JSON on vLLM's command line (recipe/rollout_spec.py)."""
+    check_module_source("verl.workers.rollout.vllm_rollout.vllm_async_server",
+                        ['engine_kwargs = self.config.get("engine_kwargs", {}).get(self._get_engine_kwargs_key(), {})',
+                         "**engine_kwargs,", "build_cli_args_from_config(args)"],
+                        "recipe/rollout_spec.py hydra_override")
+    check_source("verl.workers.rollout.vllm_rollout.utils:build_cli_args_from_config",
+                 ["json.dumps(v) if isinstance(v, dict) else str(v)"], "the speculative_config dict becomes JSON")
+
+
+def test_delta_sharded_weight_transfer_refuses_speculation():
+    check_module_source("verl.workers.rollout.vllm_rollout.delta_weight_transfer",
+                        ['getattr(self.vllm_config, "speculative_config", None) is not None',
+                         "does not support speculative decoding"],
+                        "recipe/rollout_spec.py problems names ROLLOUT_SPECULATIVE with delta_sharded")
+    from verl.workers.config.rollout import RolloutConfig
+
+    assert "checkpoint_engine" in RolloutConfig.__dataclass_fields__
+
+
+def test_rollout_logprobs_are_recomputed_unless_bypass_mode():
+    """What speculation must keep right: verl recomputes old_log_probs with the actor and uses the rollout's for its
+    diff metrics and rollout correction, or as old_log_probs in bypass mode; vLLM returns them in processed mode."""
+    check_source(f"{BASE}._compute_old_log_prob",
+                 ['bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)',
+                  'data["old_log_probs"] = data.pop("rollout_log_probs")',
+                  "self.actor_rollout_wg.compute_log_prob(batch)"],
+                 "recipe/rollout_spec.py docstring; tests/spec/test_spec_engine.py checks processed logprobs")
+    from verl.workers.config.rollout import RolloutConfig
+
+    assert RolloutConfig.__dataclass_fields__["logprobs_mode"].default == "processed_logprobs"

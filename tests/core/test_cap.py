@@ -33,9 +33,8 @@ def test_calibrated_needs_history_then_rounds_and_floors():
     assert cal.cap_for_batch([3000.0]) is None  # nothing observed yet
     cal.observe(0, predicted=[1000] * 20, observed_tail=[1500] * 19 + [3000], censored=[False] * 20)
     r = cal.ratio()
-    assert 1.5 <= r <= 3.0
-    cap = cal.cap_for_batch([2000.0, 3000.0])
-    assert cap % 512 == 0 and cap >= 3000 * r and cap - 3000 * r < 512
+    assert r == pytest.approx(1.575)  # numpy's linear q0.95 of 19 x 1.5 and one 3.0: 1.5 + 0.05 * 1.5
+    assert cal.cap_for_batch([2000.0, 3000.0]) == 5120  # max estimate 3000 * 1.575 = 4725, up to a multiple of 512
     assert cal.cap_for_batch([100.0]) == 4096  # floor
 
 
@@ -110,3 +109,58 @@ def test_warm_start_cap_calibrates_on_the_earlier_runs_own_predictions():
     assert warm_start_cap(budget, rows[:4], lengths[:4], np.zeros(4, bool), epochs[:4], response_length=20000,
                           ema_decay=0.5, statistic="mean") == 0  # one epoch: nothing to calibrate on
     assert budget.cap_for_batch([1000.0]) is None
+
+
+def test_budget_cap_leaves_out_responses_without_a_prediction():
+    """Epoch 0 without a warm start has no predictions (NaN): such responses say nothing about the ratio
+    observed / predicted and must not enter the history (NaN ratios would make every cap look free)."""
+    from recipe.core.cap import BudgetCap
+
+    cold = BudgetCap(16000, budget=0.05, align=1000, min_tokens=1000)
+    cold.observe_step(0, _responses(np.arange(4), np.full(4, 9000.0), np.full(4, np.nan)))
+    assert cold.state_dict()["ratios"] == [] and cold.cap_for_batch([2000.0]) is None
+    mixed, ref = (BudgetCap(16000, budget=0.05, align=1000, min_tokens=1000) for _ in range(2))
+    ratios = np.concatenate([np.full(90, 1.0), np.full(10, 3.0)])
+    ref.observe_step(0, _responses(np.arange(100), 1000 * ratios, np.full(100, 1000.0)))
+    mixed.observe_step(0, _responses(np.arange(150), np.concatenate([1000 * ratios, np.full(50, 500.0)]),
+                                     np.concatenate([np.full(100, 1000.0), np.full(50, np.nan)])))
+    assert np.array_equal(mixed.state_dict()["ratios"][0][1], ref.state_dict()["ratios"][0][1])
+    assert mixed.cap_for_batch([2000.0]) == ref.cap_for_batch([2000.0]) == 6000
+
+
+def test_budget_cap_floor_is_min_tokens_rounded_up_to_align():
+    """However short the batch, the cap is never below ``min_tokens`` (rounded up to a multiple of ``align``)."""
+    from recipe.core.cap import BudgetCap
+
+    cap = BudgetCap(16000, budget=0.5, align=1000, min_tokens=1500)
+    cap.observe_step(0, _responses(np.arange(10), np.full(10, 100.0), np.full(10, 100.0)))
+    assert cap.extra_truncation([100.0], [1000.0]).tolist() == [0.0]  # 1000 would cut nothing, yet is below the floor
+    assert cap.cap_for_batch([100.0]) == 2000
+
+
+def test_budget_zero_buys_no_extra_truncation_but_still_caps():
+    """``budget=0`` is valid: the lowest cap that cuts nothing ``response_length`` would not cut anyway."""
+    from recipe.core.cap import BudgetCap
+
+    cap = BudgetCap(16000, budget=0.0, align=1000, min_tokens=1000)
+    ratios = np.concatenate([np.full(90, 1.0), np.full(10, 3.0)])
+    cap.observe_step(0, _responses(np.arange(100), 1000 * ratios, np.full(100, 1000.0)))
+    assert cap.cap_for_batch([2000.0]) == 6000  # the longest 10% end at 3 x 2000: not one of them cut
+    assert cap.cap_for_batch([500.0]) == 2000  # 3 x 500 = 1500, up to a multiple of align
+    assert cap.cap_for_batch([6000.0]) == 6000  # the long 10% reach 18000 > the limit: cut there anyway
+
+
+def test_warm_start_cap_replays_with_the_runs_own_decay_and_statistic():
+    """The earlier run's predictions are replayed with this run's EMA decay and statistic: three epochs, so that
+    the decay shapes the epoch-2 predictions, and unequal responses, so that the statistic does."""
+    from recipe.core.cap import WARM_EPOCH, BudgetCap, warm_start_cap
+
+    rows, epochs = np.tile([0, 0, 1, 1], 3), np.repeat([0, 1, 2], 4)
+    lengths = np.array([100, 300, 1000, 1000, 500, 500, 200, 600, 400, 400, 800, 800], np.float64)
+    cap = BudgetCap(20000)
+    assert warm_start_cap(cap, rows, lengths, np.zeros(12, bool), epochs, response_length=20000, ema_decay=0.9,
+                          statistic="max") == 8
+    # max: epoch 0 predicts (300, 1000); epoch 1 observes maxima (500, 600) -> 0.9 * old + 0.1 * new = (320, 960)
+    want = np.array([500 / 300, 500 / 300, 200 / 1000, 600 / 1000, 400 / 320, 400 / 320, 800 / 960, 800 / 960])
+    (epoch, got), = cap.state_dict()["ratios"]
+    assert epoch == WARM_EPOCH and np.allclose(got, want)

@@ -168,3 +168,12 @@ def test_checkpoint_from_before_row_priors_still_loads():
     other = LengthEstimates(2)
     other.load_state_dict(state)
     assert other.value[0] == 10 and np.isnan(other.row_prior).all()
+
+
+def test_warm_start_folds_epochs_in_epoch_order_whatever_the_order_of_the_entries():
+    """With ema_decay 0.9 the first epoch dominates, so the folding order shows: epochs 0, 1, 2 observe 100, 1000,
+    400 and the entries come as epoch 2, 0, 1 (a trace read back in another order)."""
+    est = LengthEstimates(1, ema_decay=0.9)
+    est.warm_start([0, 0, 0, 0, 0, 0], [400, 400, 100, 100, 1000, 1000], epochs=[2, 2, 0, 0, 1, 1])
+    assert est.value[0] == pytest.approx(0.9 * (0.9 * 100 + 0.1 * 1000) + 0.1 * 400)  # 211; reversed: 424
+    assert est.count[0] == 3

@@ -252,13 +252,6 @@ def test_script_missing_run_dir(runs_dir, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_shellcheck():
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck not installed")
-    out = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout
-
-
 def test_first_epoch_rollout_time_is_reported_apart():
     """A warm-started arm differs from a cold one in its first epoch: the table shows it apart from the rest."""
     import pandas as pd

@@ -14,9 +14,20 @@ def words_after_dry_run(stdout: str) -> list[str]:
     return shlex.split(stdout.split("the command (not run):\n", 1)[1])
 
 
-def test_convert_dry_run_uses_the_training_layout_and_verls_converter(run_script, tiny_artifacts, tmp_path):
+def test_convert_defaults_to_one_rank_whatever_the_training_layout(run_script, tiny_artifacts, tmp_path):
+    """Each rank loads the whole HF model into host memory; the checkpoint reshards at load (tests/megatron)."""
     env = {"DRY_RUN": "1", "MODEL_PATH": str(tiny_artifacts.model_dir), "DISTCP_PATH": str(tmp_path / "out"),
-           "ACTOR_PP": "2", "ACTOR_EP": "4"}
+           "ACTOR_PP": "4", "ACTOR_EP": "4"}
+    r = run_script("convert_hf_to_distcp.sh", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    w = words_after_dry_run(r.stdout)
+    assert "--nproc_per_node=1" in w and "--standalone" in w
+    assert w[w.index("--pp_size") + 1] == "1" and w[w.index("--ep_size") + 1] == "1"
+
+
+def test_convert_dry_run_uses_the_given_layout_and_verls_converter(run_script, tiny_artifacts, tmp_path):
+    env = {"DRY_RUN": "1", "MODEL_PATH": str(tiny_artifacts.model_dir), "DISTCP_PATH": str(tmp_path / "out"),
+           "CONVERT_PP": "2", "CONVERT_EP": "4"}
     r = run_script("convert_hf_to_distcp.sh", env)
     assert r.returncode == 0, r.stdout + r.stderr
     w = words_after_dry_run(r.stdout)
@@ -32,8 +43,9 @@ def test_convert_dry_run_uses_the_training_layout_and_verls_converter(run_script
 
 
 def test_convert_over_two_nodes_needs_node_rank_and_master(run_script, tiny_artifacts, tmp_path):
-    env = {"DRY_RUN": "1", "MODEL_PATH": str(tiny_artifacts.model_dir), "DISTCP_PATH": str(tmp_path / "out")}
-    r = run_script("convert_hf_to_distcp.sh", env)  # defaults: ACTOR_PP 4 x ACTOR_EP 4 = 16 ranks, 8 GPUs a node
+    env = {"DRY_RUN": "1", "MODEL_PATH": str(tiny_artifacts.model_dir), "DISTCP_PATH": str(tmp_path / "out"),
+           "CONVERT_PP": "4", "CONVERT_EP": "4"}  # 16 ranks, 8 GPUs a node
+    r = run_script("convert_hf_to_distcp.sh", env)
     assert r.returncode == 2
     assert "CONVERT_NNODES=2: run this script on each node with NODE_RANK=0..1 and MASTER_ADDR" in r.stderr
     r = run_script("convert_hf_to_distcp.sh", {**env, "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1",
@@ -62,7 +74,7 @@ def test_convert_needs_a_gpu_unless_dry_run(run_script, tiny_artifacts, tmp_path
     ({"DISTCP_PATH": ""}, "DISTCP_PATH is not set"),
     ({"MODEL_PATH": "/nonexistent"}, "MODEL_PATH=/nonexistent has no config.json"),
     ({"CONVERT_EP": "0"}, "CONVERT_EP=0 must be a positive integer"),
-    ({"ACTOR_PP": "x"}, "ACTOR_PP='x' must be an integer"),
+    ({"GPUS_PER_NODE": "x"}, "GPUS_PER_NODE='x' must be an integer"),
     ({"CONVERT_CPU_INIT": "yes"}, "CONVERT_CPU_INIT=yes must be 0 or 1"),
     ({"CONVERT_EP": "2", "MODEL_PATH": "DENSE"}, "converts only MoE models"),
 ])

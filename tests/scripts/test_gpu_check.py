@@ -29,7 +29,7 @@ def test_dry_run_prints_each_step_without_running_it(run_script, tiny_artifacts,
     r = run_script("gpu_check.sh", {}, "--dry-run", "--work", str(work), gpus=0)
     assert r.returncode == 0, r.stdout + r.stderr
     steps = dry_run_steps(r.stdout)
-    assert list(steps) == ["convert", "logits", "smoke", "smoke-logs"]
+    assert list(steps) == ["convert", "logits", "smoke", "smoke-logs", "smoke-spec", "spec-logs"]
     model, distcp = str(tiny_artifacts.model_dir), str(work / "distcp")
     convert = steps["convert"]
     assert {f"MODEL_PATH={model}", f"DISTCP_PATH={distcp}", "CONVERT_PP=1", "CONVERT_EP=1", "CONVERT_NNODES=1",
@@ -39,6 +39,11 @@ def test_dry_run_prints_each_step_without_running_it(run_script, tiny_artifacts,
     assert {"PRESET=smoke", f"DISTCP_PATH={distcp}", f"CKPT_ROOT={work / 'runs'}"} <= set(smoke)
     assert smoke[-2:] == [str(REPO / "scripts" / "train_grpo.sh"), "trainer.total_training_steps=2"]
     assert steps["smoke-logs"][-3:] == [str(work / "runs" / "smoke-grpo-resampler"), "--steps", "2"]
+    spec = steps["smoke-spec"]  # the smoke step again, speculating
+    assert {"PRESET=smoke", f"DISTCP_PATH={distcp}", f"CKPT_ROOT={work / 'runs'}", "EXPERIMENT_NAME=smoke-grpo-spec",
+            "ROLLOUT_SPECULATIVE=ngram"} <= set(spec)
+    assert spec[-2:] == [str(REPO / "scripts" / "train_grpo.sh"), "trainer.total_training_steps=2"]
+    assert steps["spec-logs"][-4:] == [str(work / "runs" / "smoke-grpo-spec"), "--steps", "2", "--spec"]
     assert not work.exists()  # nothing written
 
 
@@ -87,13 +92,16 @@ def test_runs_the_steps_and_prints_the_table(run_script, stand_in_python, tmp_pa
     r = run_script("gpu_check.sh", {"RECIPE_PYTHON": str(stand_in_python)}, "--work", str(work), gpus=1)
     assert r.returncode == 1, r.stdout + r.stderr
     rows = {row[0]: row for row in read_steps(work / "steps.tsv")}
-    assert [rows[s][1] for s in ("convert", "logits", "smoke", "smoke-logs")] == ["PASS", "FAIL", "PASS", "FAIL"]
+    assert [rows[s][1] for s in ("convert", "logits", "smoke", "smoke-logs", "smoke-spec", "spec-logs")] == [
+        "PASS", "FAIL", "PASS", "FAIL", "PASS", "FAIL"]
     assert rows["convert"][3].startswith("convert_hf_to_distcp.sh: done: DISTCP_PATH=")
     assert rows["logits"][3].endswith("logits FAIL: mean KL 1.8e-02")
     assert rows["smoke"][3].startswith("train_grpo.sh: finished with status 0")
     assert "no step [1, 2]" in rows["smoke-logs"][3]  # the stand-in trained nothing
     main = (work / "smoke.log").read_text()
     assert "preflight: OK" in main and "MAIN " in main and "trainer.total_training_steps=2" in main
+    spec = (work / "smoke-spec.log").read_text()  # the preflight composed the speculative config for the smoke preset
+    assert "preflight: OK" in spec and "speculative_config={method:ngram" in spec and "smoke-grpo-spec" in spec
     assert "| logits | FAIL |" in r.stdout and r.stdout.rstrip().endswith("gpu_check: FAIL")
 
 
@@ -103,7 +111,8 @@ def test_a_failed_conversion_skips_what_needs_it(run_script, stand_in_python, tm
                    "--work", str(work), gpus=1)
     assert r.returncode == 1, r.stdout + r.stderr
     assert [(row[0], row[1]) for row in read_steps(work / "steps.tsv")] == [
-        ("convert", "FAIL"), ("logits", "SKIP"), ("smoke", "SKIP"), ("smoke-logs", "SKIP")]
+        ("convert", "FAIL"), ("logits", "SKIP"), ("smoke", "SKIP"), ("smoke-logs", "SKIP"), ("smoke-spec", "SKIP"),
+        ("spec-logs", "SKIP")]
 
 
 # ---- tolerances, calibrated on the tiny model --------------------------------------------------------------------
@@ -166,9 +175,10 @@ def test_weight_comparison_is_exact_in_bf16_and_names_each_problem():
 
 # ---- smoke logs and the table --------------------------------------------------------------------------------------
 
-def write_run(run: Path, steps: int, drop: str | None = None) -> Path:
+def write_run(run: Path, steps: int, drop: str | None = None, spec: dict | None = None) -> Path:
     (run / "logs").mkdir(parents=True)
-    data = {"rollout/response_max_tokens_cap": 64.0, "sampler/epoch": 0.0, "timing_s/gen": 1.0, "actor/pg_loss": 0.1}
+    data = {"rollout/response_max_tokens_cap": 64.0, "sampler/epoch": 0.0, "timing_s/gen": 1.0, "actor/pg_loss": 0.1,
+            **(spec or {})}
     lines = [json.dumps({"step": 0, "data": {"val-core/score": 0.0}})]
     lines += [json.dumps({"step": s, "data": {k: v for k, v in data.items() if k != drop}}) for s in range(1, steps + 1)]
     (run / "logs" / "metrics.20260101T000000Z.jsonl").write_text("\n".join(lines) + '\n{"step": 3, "da')
@@ -186,6 +196,18 @@ def test_smoke_result_needs_each_step_with_an_update_and_the_recipes_metrics(tmp
         "step 1: no rollout/response_max_tokens_cap"
     assert smoke_problems(write_run(tmp_path / "noupdate", 2, drop="actor/pg_loss"), 2)[0] == \
         "step 1: no actor/* (no update)"
+
+
+def test_smoke_result_spec_needs_the_acceptance_metrics_with_drafts(tmp_path, capsys):
+    from recipe.gpu_check import SPEC_METRICS, main
+
+    spec = dict(zip(SPEC_METRICS, (10.0, 40.0, 4.0, 0.1, 1.4)))
+    assert smoke_problems(write_run(tmp_path / "ok", 2, spec=spec), 2, spec=True) == []
+    assert main(["smoke-result", str(tmp_path / "ok"), "--steps", "2", "--spec"]) == 0
+    assert "20 drafts, 80 draft tokens, 8 accepted (rate 0.100, acceptance length 1.400)" in capsys.readouterr().out
+    assert smoke_problems(write_run(tmp_path / "plain", 2), 2, spec=True)[0] == "step 1: no " + ", ".join(SPEC_METRICS)
+    assert smoke_problems(write_run(tmp_path / "idle", 2, spec={**spec, SPEC_METRICS[0]: 0.0}), 2, spec=True)[0] == \
+        "step 1: no speculative drafts (rollout/spec_drafts is 0)"
 
 
 def test_table_passes_only_when_every_step_passed(tmp_path):

@@ -213,7 +213,8 @@ def test_tail_cut_contradictions_name_both_switches(env_30b):
     report = run_preflight([], {**env_30b, "TAIL_CUT_ENABLE": "1", "BASELINE_NO_RESAMPLE": "1",
                                 "TAIL_CUT_LEVEL_EXPONENT": "0"})
     assert report.ok, report.errors
-    assert report.config["recipe"]["tail_cut"] == {"enable": True, "fraction": 0.975, "level_exponent": 0.0}
+    assert report.config["recipe"]["tail_cut"] == {"enable": True, "fraction": 0.975, "level_exponent": 0.0,
+                                                   "max_extra_truncation": 0.0}
 
 
 def test_cpu_preset_keeps_seeded_requests_out_of_chunked_prefill(tmp_path):

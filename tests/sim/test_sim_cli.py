@@ -16,6 +16,10 @@ def sim(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+def by_name(report: dict) -> dict:
+    return {p["name"]: p for p in report["policies"]}
+
+
 def test_default_json_is_the_reference_run():
     out = sim("--json")
     assert out.returncode == 0, out.stderr
@@ -27,7 +31,14 @@ def test_default_json_is_the_reference_run():
     assert {"decode_a", "decode_b", "replicas", "max_num_seqs", "kv_tokens", "block_size"} <= set(report["engine"])
     assert report["engine"]["kv_tokens"] == KV_TOKENS["h100"]
     names = [p["name"] for p in report["policies"]]
-    assert names == ["baseline", "seed", "best-onpolicy", "best", "oracle"]
+    assert names == ["baseline", "seed", "best-onpolicy", "tailcut-budget", "best-onpolicy-spec", "best", "oracle"]
+    spec = report["speculation"]  # the acceptance length best-onpolicy-spec assumes, and the roofline's inputs
+    assert spec["acceptance_length"] == spec["tau"] == 2.04 and {"k", "rho", "t0", "bandwidth", "tp"} <= set(spec)
+    assert "AngelSlim" in spec["acceptance_length_source"]
+    g = report["goals"]["onpolicy_spec"]
+    assert g["strictly_on_policy"] and g["met"] == all(v for k, v in g.items() if isinstance(v, bool) and k != "met")
+    assert by_name(report)["best-onpolicy-spec"]["spec"]["speculate"] == "always"
+    assert by_name(report)["best-onpolicy-spec"]["max_policy_versions"] == 1
     for p in report["policies"]:
         assert {"name", "epoch_times_s", "speedup_vs_baseline", "truncated_fraction", "stale_token_fraction",
                 "epoch0_speedup_vs_baseline", "preemptions_per_request", "prediction_rank_corr_per_epoch",

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from recipe.core.cap import SeedCap
+from recipe.core.cap import BudgetCap, SeedCap, warm_start_cap
 from recipe.core.estimates import LengthEstimates
 from recipe.core.tailcut import TailCut
 from recipe.sim import trace as T
 from recipe.sim.engine import EngineParams
-from recipe.sim.policies import POLICIES, PolicySpec, make_policy, register
+from recipe.sim.policies import ONPOLICY_BUDGET, ONPOLICY_EMA, POLICIES, PolicySpec, make_policy, register
 from recipe.sim.run import run_policy, simulate, summarize
 
 TRACE = T.generate("reference", num_prompts=128, n=8, epochs=3)
@@ -92,7 +92,16 @@ def test_warm_start_orders_and_caps_epoch_0_from_the_earlier_run_only():
     assert not np.allclose(warm.estimates.value, TRACE.lengths[0].mean(axis=1))  # ... not from the replayed one
     warm.start_epoch(0)
     plan = warm.plan_step()
-    assert warm.plan.sorted_epoch and np.isfinite(plan.predicted).all() and (plan.caps > 0).all()
+    assert warm.plan.sorted_epoch and np.isfinite(plan.predicted).all()
+    # the budget cap, calibrated on all of the earlier run's epochs with the policy's own EMA and statistic
+    ref = BudgetCap(TRACE.response_length, budget=ONPOLICY_BUDGET)
+    shape = PREVIOUS.lengths.shape
+    assert warm_start_cap(ref, np.broadcast_to(PREVIOUS.row_ids[None, :, None], shape).ravel(),
+                          PREVIOUS.lengths.ravel(), (PREVIOUS.censored | PREVIOUS.truncated).ravel(),
+                          np.broadcast_to(np.arange(shape[0])[:, None, None], shape).ravel(),
+                          response_length=TRACE.response_length, ema_decay=ONPOLICY_EMA, statistic="mean") > 0
+    want = ref.cap_for_batch(plan.predicted)
+    assert want is not None and plan.caps.tolist() == [want] * len(plan.rows)
     assert np.array_equal(plan.priority, -plan.expected)  # longest first, no resumed groups
     # and the earlier run's rows are matched by row id: a reordered earlier run seeds the same estimates
     perm = np.random.default_rng(0).permutation(128)
@@ -160,6 +169,25 @@ def test_continue_requeues_at_the_front_and_resumes_at_most_max_resumes_times():
     _lose(pol, again, 0)  # lost a second time after its one resume: the controller restarts it, at the back
     assert pol.plan.remaining()[-1] == lost and not again.keep_partial.any() and not pol.partial_resumes
     # when it comes up again it is a fresh group (no resume count), which may be resumed once again
+
+
+def test_longest_first_priorities_put_resumed_groups_first_and_unknown_rows_at_the_prior():
+    """priority=longest_first: minus the row's estimate, the population prior for rows not observed yet (not 0,
+    which would run them after every known row), and RESUMED_PRIORITY for a group resuming its partial responses."""
+    from recipe.sim.policies import RESUMED_PRIORITY
+
+    register(dataclasses.replace(POLICIES["best"], name="test-best-longest-first", priority="longest_first"))
+    try:
+        pol = make_policy("test-best-longest-first", num_rows=64, batch_size=8, response_length=1000, seed=0)
+    finally:
+        del POLICIES["test-best-longest-first"]
+    pol.start_epoch(0)
+    lost = _lose(pol, pol.plan_step(), 5)
+    again = pol.plan_step()
+    assert again.rows[0] == lost and again.priority[0] == RESUMED_PRIORITY
+    assert np.isnan(pol.estimates.get(again.rows[1:], fill_prior=False)).all()  # none observed yet (epoch 0)
+    prior = pol.estimates.prior()  # the median of the 9 rows the first step observed
+    assert prior > 0 and again.priority[1:].tolist() == [-prior] * (len(again.rows) - 1)
 
 
 @pytest.mark.parametrize("max_resumes", [0, 1, 2, 10_000])

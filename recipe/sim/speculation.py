@@ -1,0 +1,174 @@
+"""Speculative decoding on the engine model: a per-replica roofline of verifying ``k`` draft tokens at batch ``B`` on
+Qwen3-30B-A3B (pure numpy), and what it does to the simulator's decode steps.
+
+Cost of one decode (``k = 0``) or verify step of ``B`` running sequences, each with ``k`` draft tokens and ``ctx``
+tokens of context, on one replica of ``tp`` GPUs (bf16; the probe ``/work/shared/probes/spec-decode-cpu``, REPORT.md
+section 4, re-derived here from the model's shapes)::
+
+    t(B, k) = t0 + max(M / (tp * BW), C / (tp * FL))
+    M = dense + L * E_u * w_e + B * ctx * s_kv                  bytes read
+        dense = 2.43 GB (attention + lm_head), w_e = 9.44 MB (one expert of one layer), s_kv = 98,304 B per token
+        E_u = E * (1 - (1 - top/E) ** (B * (1 + rho * k)))     distinct experts a layer touches (E 128, top 8)
+    C = B * (1 + k) * (2 * p_act + 4 * L * HQ * DH * ctx)       FLOPs (2 p_act = 6.06 GFLOP, 0.79 MFLOP per ctx token)
+
+``rho`` < 1: the draft tokens of one sequence reuse part of its experts (Cohere's measurement: 4 tokens load about
+2.5x the experts of one, i.e. rho ~0.6). A verify step emits ``tau`` tokens per sequence on average (the
+acceptance length, bonus token included, ``1 <= tau <= k + 1``), so per token the step costs
+``t(B, k) / (tau * t(B, 0))`` of a plain decode step: ``step_factor``. Break-even ``tau* = t(B, k) / t(B, 0)``.
+
+Calibration sources (none measured here): the roofline's BW and FL are effective rates (H200 ~4.0 TB/s of 4.8
+peak, H100 ~2.8 TB/s of 3.35; 600 TFLOP/s bf16 of ~990 dense peak on both), ``t0`` 1 ms per step (launch, sampler,
+scheduler), ``rho`` 0.6 (Cohere: 4 tokens ~2.5x the experts, verify step 1.25x at batch 1, acceptance length 2.73),
+AngelSlim's EAGLE-3 on Qwen3-30B-A3B at batch 1 (321 -> 438 tok/s at acceptance length 2.04: an implied verify
+step of 1.49x), MoESD (arXiv 2505.19645: the gain peaks at medium batch). With a GPU, fit ``t0`` and ``rho`` with
+vLLM's ``rejection_sample_method: "synthetic"``.
+
+In the simulator (``recipe.sim.engine``) the factor multiplies the engine model's own decode-step time (its
+``a + b * running + c * context``) for the segment's running count and mean context: the roofline gives the
+*ratio*, the engine model keeps its absolute times. Drafting follows a per-batch-size schedule, as vLLM's dynamic
+speculative decoding (``num_speculative_tokens_per_batch_size``) does: ``k`` draft tokens while a replica runs at
+most ``max_batch`` sequences, none above (``max_batch=None``: always on).
+
+Left out (each makes speculation cost more than modelled): vLLM turns async scheduling off for the whole run with
+``ngram``, ``suffix`` and custom proposers (full-batch steps pay too, drafting or not); drafting time on the CPU
+(ngram / suffix-tree lookups, about proportional to the batch); the sampler and rejection sampler over the
+152K-token vocabulary for ``B * (1 + k)`` positions; acceptance that falls deep into a long chain of thought (a
+static drafter); the draft model's own cost (EAGLE); and the variance of the accepted length (only its mean).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+# Qwen3-30B-A3B
+LAYERS, EXPERTS, TOP_K, HIDDEN, MOE_INTER = 48, 128, 8, 2048, 768
+Q_HEADS, KV_HEADS, HEAD_DIM, VOCAB = 32, 4, 128, 151936
+EXPERT_BYTES = 3 * HIDDEN * MOE_INTER * 2  # gate, up, down in bf16: 9.44 MB per expert per layer
+_ATTN_PARAMS = LAYERS * (HIDDEN * Q_HEADS * HEAD_DIM * 2 + HIDDEN * KV_HEADS * HEAD_DIM * 2)  # q, o + k, v
+DENSE_BYTES = (_ATTN_PARAMS + HIDDEN * VOCAB) * 2  # attention + lm_head: 2.43 GB (embedding rows negligible)
+KV_BYTES = LAYERS * 2 * KV_HEADS * HEAD_DIM * 2  # 98,304 B of KV per context token
+ACTIVE_PARAMS = _ATTN_PARAMS + LAYERS * TOP_K * 3 * HIDDEN * MOE_INTER + HIDDEN * VOCAB
+FLOP_PER_TOKEN = 2 * ACTIVE_PARAMS  # 6.06 GFLOP
+FLOP_PER_CTX = 4 * LAYERS * Q_HEADS * HEAD_DIM  # 0.79 MFLOP per token of context (QK^T and PV)
+
+BANDWIDTH = {"h100": 2.8e12, "h200": 4.0e12}  # effective HBM B/s per GPU
+FLOPS = {"h100": 6.0e14, "h200": 6.0e14}  # effective dense bf16 FLOP/s per GPU
+# Acceptance lengths published for this model class (tokens per verify step, bonus included)
+PUBLISHED_ACCEPTANCE = {"angelslim-eagle3": 2.04, "cohere": 2.73}
+MODES = ("off", "tail", "always")
+
+
+def experts_touched(tokens) -> np.ndarray:
+    """Expected distinct experts one layer routes ``tokens`` (effective) tokens to: E [1 - (1 - top/E)^tokens]."""
+    return EXPERTS * (1.0 - (1.0 - TOP_K / EXPERTS) ** np.asarray(tokens, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class SpecCost:
+    """The roofline of one replica (see the module docstring); ``tau`` the acceptance length at ``k`` drafts."""
+
+    tau: float = PUBLISHED_ACCEPTANCE["angelslim-eagle3"]
+    k: int = 3
+    rho: float = 0.6
+    t0: float = 1e-3
+    bandwidth: float = BANDWIDTH["h200"]
+    flops: float = FLOPS["h200"]
+    tp: int = 4
+    # Added to every decode step of a run that speculates, drafting or not (left out by default: 0). vLLM turns
+    # async scheduling off for the whole run with ngram, suffix and custom proposers; a sensitivity, not a model.
+    sync_penalty: float = 0.0
+
+    def __post_init__(self):
+        if self.k < 1 or self.tp < 1:
+            raise ValueError(f"speculation needs k >= 1 draft tokens and tp >= 1, got k={self.k}, tp={self.tp}")
+        if not 1.0 <= self.tau <= self.k + 1:
+            raise ValueError(f"acceptance length tau={self.tau} must lie in [1, k + 1 = {self.k + 1}]")
+        if not 0 <= self.rho <= 1 or self.t0 < 0 or self.bandwidth <= 0 or self.flops <= 0 or self.sync_penalty < 0:
+            raise ValueError("rho must lie in [0, 1], t0 >= 0, bandwidth and flops > 0, sync_penalty >= 0")
+
+    @classmethod
+    def for_gpu(cls, gpu: str, **kw) -> SpecCost:
+        if gpu not in BANDWIDTH:
+            raise ValueError(f"gpu {gpu!r} is not one of {sorted(BANDWIDTH)}")
+        return cls(bandwidth=BANDWIDTH[gpu], flops=FLOPS[gpu], **kw)
+
+    def step_time(self, batch, k, ctx) -> np.ndarray:
+        """t(B, k): seconds of one step of ``batch`` sequences verifying ``k`` draft tokens each at ``ctx`` tokens of
+        context (arrays broadcast)."""
+        b = np.asarray(batch, dtype=np.float64)
+        k = np.asarray(k, dtype=np.float64)
+        ctx = np.asarray(ctx, dtype=np.float64)
+        mem = DENSE_BYTES + LAYERS * experts_touched(b * (1.0 + self.rho * k)) * EXPERT_BYTES + b * ctx * KV_BYTES
+        flop = b * (1.0 + k) * (FLOP_PER_TOKEN + FLOP_PER_CTX * ctx)
+        return self.t0 + np.maximum(mem / (self.tp * self.bandwidth), flop / (self.tp * self.flops))
+
+    def break_even(self, batch, ctx, k: int | None = None) -> np.ndarray:
+        """Acceptance length at which verifying ``k`` drafts is as fast as plain decoding: t(B, k) / t(B, 0)."""
+        k = self.k if k is None else k
+        return self.step_time(batch, k, ctx) / self.step_time(batch, 0, ctx)
+
+    def speedup(self, batch, ctx) -> np.ndarray:
+        """Tokens per second with speculation over without, at one batch: tau t(B, 0) / t(B, k)."""
+        return self.tau / self.break_even(batch, ctx)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What the engine model applies: the cost model plus the drafting schedule (``max_batch``: draft only while a
+    replica runs at most that many sequences; None: always)."""
+
+    cost: SpecCost
+    max_batch: int | None = None
+
+    def factor(self, running, ctx_mean) -> np.ndarray:
+        """Per decode token, the time of a speculative step over a plain one (1 where the schedule does not draft)."""
+        r = np.maximum(np.asarray(running, dtype=np.float64), 1.0)
+        f = self.cost.break_even(r, np.asarray(ctx_mean, dtype=np.float64)) / self.cost.tau
+        if self.max_batch is not None:
+            f = np.where(r <= self.max_batch, f, 1.0)
+        return np.asarray(f, dtype=np.float64) * (1.0 + self.cost.sync_penalty)
+
+    def min_factor(self) -> float:
+        """The smallest factor at any batch and context (for the lower bounds): below it no step can go."""
+        grid_b = np.arange(1, 513, dtype=np.float64)
+        f = self.factor(grid_b[:, None], np.array([0.0, 2e4])[None, :])
+        return float(min(1.0, f.min()))
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self.cost), "max_batch": self.max_batch}
+
+
+def acceptance_rate(tau: float, k: int) -> float:
+    """Per-token acceptance alpha with (1 - alpha^(k+1)) / (1 - alpha) = tau (i.i.d. acceptance), by bisection."""
+    if not 1.0 <= tau <= k + 1:
+        raise ValueError(f"tau={tau} must lie in [1, {k + 1}]")
+    lo, hi = 0.0, 1.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        val = (k + 1) if mid == 1.0 else (1 - mid ** (k + 1)) / (1 - mid)
+        lo, hi = (mid, hi) if val < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
+def expected_acceptance(alpha: float, k: int) -> float:
+    """Acceptance length of ``k`` drafts at per-token acceptance ``alpha``: (1 - alpha^(k+1)) / (1 - alpha)."""
+    return float(k + 1) if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def needed_tau(speedup_at, target: float, lo: float = 1.0, hi: float = 4.0, tol: float = 0.01) -> float | None:
+    """Smallest acceptance length in [lo, hi] where ``speedup_at(tau)`` (increasing) reaches ``target``, by
+    bisection to ``tol``; None when even ``hi`` does not."""
+    if speedup_at(hi) < target:
+        return None
+    if speedup_at(lo) >= target:
+        return lo
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if speedup_at(mid) < target else (lo, mid)
+    return round(hi, 3)
+
+
+__all__ = ["SpecCost", "Speculation", "MODES", "PUBLISHED_ACCEPTANCE", "acceptance_rate", "expected_acceptance",
+           "needed_tau", "experts_touched"]

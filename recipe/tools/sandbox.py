@@ -1,0 +1,96 @@
+"""Choose a sandbox backend and check it before a run starts (pure dispatch; no verl).
+
+``SANDBOX_BACKEND`` = ``bubblewrap`` (default; local, Debian's ``bubblewrap``) or ``sandbox_fusion`` (the user's
+SandboxFusion server at ``SANDBOX_FUSION_URL``). ``sandbox_self_check`` runs ``print(1+1)`` through the backend and
+returns ``None`` or one line that names the fix; the preflight calls it before anything starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+from recipe.tools.bwrap import BubblewrapBackend
+from recipe.tools.fusion import CLIENT_PIN, SERVER_HINT, SandboxFusionBackend
+from recipe.tools.limits import SandboxLimits
+from recipe.tools.result import Status
+
+BACKENDS = ("bubblewrap", "sandbox_fusion")
+_ALIASES = {"bwrap": "bubblewrap", "local": "bubblewrap", "fusion": "sandbox_fusion", "sandboxfusion": "sandbox_fusion"}
+DOCKER_FIX = (
+    "use SANDBOX_BACKEND=sandbox_fusion with SANDBOX_FUSION_URL (its server: "
+    "docker run -it -p 8080:8080 volcengine/sandbox-fusion:server-20250609)"
+)
+
+
+def make_backend(name: str | None = None, config: dict | None = None, environ: dict | None = None):
+    """A backend from the tool config (keys: backend, limits, sandbox_fusion_url, python, max_attempts)."""
+    config = dict(config or {})
+    environ = os.environ if environ is None else environ
+    name = (name or config.get("backend") or environ.get("SANDBOX_BACKEND") or "bubblewrap").strip().lower()
+    name = _ALIASES.get(name, name)
+    limits = SandboxLimits.from_config(config.get("limits"), environ)
+    if name == "bubblewrap":
+        kw = {}
+        if config.get("python") or environ.get("SANDBOX_PYTHON"):
+            kw["python"] = config.get("python") or environ["SANDBOX_PYTHON"]
+        if config.get("extra_ro_binds"):
+            kw["extra_ro_binds"] = tuple(config["extra_ro_binds"])
+        return BubblewrapBackend(limits=limits, **kw)
+    if name == "sandbox_fusion":
+        url = config.get("sandbox_fusion_url") or environ.get("SANDBOX_FUSION_URL", "")
+        return SandboxFusionBackend(url=url, limits=limits, max_attempts=int(config.get("max_attempts", 2)))
+    raise ValueError(f"unknown sandbox backend {name!r}: SANDBOX_BACKEND must be one of {', '.join(BACKENDS)}")
+
+
+async def async_self_check(backend) -> str | None:
+    """Run ``print(1+1)``; ``None`` when it prints 2, else one line naming the fix."""
+    if isinstance(backend, str):
+        backend = make_backend(backend)
+    if isinstance(backend, BubblewrapBackend) and backend.bwrap_path() is None:
+        return (
+            f"bubblewrap is not installed ({backend.bwrap} not found): apt-get install bubblewrap "
+            f"(or bash scripts/lib/install_sandbox.sh), or {DOCKER_FIX}"
+        )
+    if isinstance(backend, BubblewrapBackend) and not os.access(backend.python, os.X_OK):
+        return f"the sandbox's python {backend.python} is not executable here: set SANDBOX_PYTHON to a python3"
+    if isinstance(backend, SandboxFusionBackend):
+        if not backend.url:
+            return f"SANDBOX_BACKEND=sandbox_fusion needs SANDBOX_FUSION_URL: {SERVER_HINT}"
+        try:
+            import sandbox_fusion  # noqa: F401
+        except ImportError:
+            return f"the SandboxFusion client is not installed: pip install {CLIENT_PIN}"
+    r = await backend.run("print(1+1)")
+    if r.ok and r.stdout.strip() == "2":
+        return None
+    what = f"{backend.name} sandbox self-check (print(1+1)) failed: {r.status.value}: {r.detail}"
+    if r.stderr.strip() and r.stderr.strip().splitlines()[0] not in r.detail:
+        what += f" [stderr: {r.stderr.strip().splitlines()[0][:200]}]"
+    if isinstance(backend, BubblewrapBackend):
+        text = (r.detail + " " + r.stderr).lower()
+        if "can't find source path" in text or "execvp" in text:
+            return (
+                f"{what}; the sandbox cannot reach {backend.python} (its directory must be readable by uid "
+                f"{backend.sandbox_uid}): set SANDBOX_PYTHON to a python3 under /usr, e.g. /usr/bin/python3"
+            )
+        if r.status == Status.SANDBOX_ERROR and any(
+            s in text for s in ("namespace", "operation not permitted", "uid map", "permission denied", "setting up")
+        ):
+            return f"{what}; bwrap cannot create namespaces here (inside docker?): {DOCKER_FIX}"
+        return f"{what}; check bubblewrap (bwrap --version) or {DOCKER_FIX}"
+    return what
+
+
+def sandbox_self_check(backend="bubblewrap") -> str | None:
+    """Synchronous ``async_self_check`` for the preflight; safe to call from inside a running event loop too."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(async_self_check(backend))
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(asyncio.run(async_self_check(backend))))
+    t.start()
+    t.join()
+    return out[0] if out else "sandbox self-check crashed"

@@ -1,0 +1,108 @@
+"""The recipe's speculative acceptance metrics from vLLM's Prometheus counters (recipe/adapter/spec_metrics.py): the
+parsing of vLLM's exposition, the step difference, a live read through HTTP, and the trace's ``spec`` field."""
+import http.server
+import threading
+
+import pytest
+
+from recipe.adapter import spec_metrics as sm
+from recipe.traces import LengthTraceWriter, read_records
+
+# what vLLM 0.28's PrometheusStatLogger exposes for two engines (data parallel), other metrics around it
+EXPOSITION = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny model"} 10.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="tiny model"} 6.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="tiny model"} 1.7e9
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny model"} 40.0
+vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="tiny model"} 24.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny model"} 12.0
+vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="tiny model"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny model",position="0"} 9.0
+vllm:generation_tokens_total{engine="0",model_name="tiny model"} 500.0
+"""
+
+
+def test_parse_sums_engines_and_ignores_other_series():
+    assert sm.parse_counters(EXPOSITION) == {"drafts": 16.0, "draft_tokens": 64.0, "accepted_tokens": 16.0}
+    assert sm.parse_counters("vllm:generation_tokens_total 3.0\n") == {}
+    assert sm.parse_counters("vllm:spec_decode_num_drafts_total 3.0\n") == {"drafts": 3.0}  # no labels
+
+
+def test_step_metrics_are_the_difference():
+    before = {"drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 10.0}
+    after = {"drafts": 30.0, "draft_tokens": 120.0, "accepted_tokens": 30.0}
+    m = sm.step_metrics(before, after)
+    assert m == {"rollout/spec_drafts": 20.0, "rollout/spec_draft_tokens": 80.0, "rollout/spec_accepted_tokens": 20.0,
+                 "rollout/spec_draft_acceptance_rate": 0.25, "rollout/spec_acceptance_length": 2.0}
+    assert sm.step_metrics(None, after) == {} and sm.step_metrics(after, before) == {}  # a replica restarted
+    idle = sm.step_metrics(after, after)
+    assert idle["rollout/spec_draft_acceptance_rate"] == 0.0 and idle["rollout/spec_acceptance_length"] == 1.0
+    assert sm.trace_fields(m) == {"drafts": 20, "draft_tokens": 80, "accepted_tokens": 20, "acceptance_length": 2.0}
+    assert sm.trace_fields({}) is None
+
+
+@pytest.fixture
+def replicas():
+    """Two fake replicas serving ``/metrics``; ``bodies[i]`` is what replica i serves."""
+    bodies = [EXPOSITION, EXPOSITION]
+    servers = []
+    for i in range(2):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            index = i
+
+            def do_GET(self):  # noqa: N802
+                body = bodies[self.index].encode()
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    yield [f"127.0.0.1:{s.server_address[1]}" for s in servers], bodies
+    for s in servers:
+        s.shutdown()
+
+
+def test_meter_reads_every_replica_around_a_step(replicas):
+    addresses, bodies = replicas
+    meter = sm.SpecAcceptanceMeter(lambda: addresses)
+    meter.begin()
+    bodies[1] = EXPOSITION.replace('"1",model_name="tiny model"} 6.0', '"1",model_name="tiny model"} 11.0').replace(
+        '"1",model_name="tiny model"} 24.0', '"1",model_name="tiny model"} 44.0').replace(
+        '"1",model_name="tiny model"} 4.0', '"1",model_name="tiny model"} 14.0')
+    m = meter.end()
+    assert m["rollout/spec_drafts"] == 5 and m["rollout/spec_draft_tokens"] == 20
+    assert m["rollout/spec_accepted_tokens"] == 10 and m["rollout/spec_acceptance_length"] == 3.0
+    bodies[0] = "vllm:generation_tokens_total 1.0\n"  # stats off: no counters, no metrics (a warning)
+    meter.begin()
+    assert meter.end() == {}
+    assert sm.scrape(["127.0.0.1:1"], timeout_s=1) is None  # nothing listening
+
+
+def test_trace_record_keeps_the_step_totals(tmp_path):
+    w = LengthTraceWriter(tmp_path / "t.jsonl")
+    w.append(epoch=0, step=1, cap=None, response_length=8, gen_time_s=1.0, rows=[0], sample_index=[0], lengths=[3],
+             spec={"drafts": 2, "draft_tokens": 8, "accepted_tokens": 1, "acceptance_length": 1.5})
+    w.append(epoch=0, step=2, cap=None, response_length=8, gen_time_s=1.0, rows=[0], sample_index=[0], lengths=[3])
+    w.close()
+    recs = read_records(tmp_path / "t.jsonl")
+    assert recs[1]["spec"]["accepted_tokens"] == 1 and "spec" not in recs[2]
+
+
+def test_around_adds_the_validations_acceptance(replicas):
+    addresses, bodies = replicas
+    meter = sm.SpecAcceptanceMeter(lambda: addresses)
+
+    def validate():
+        bodies[0] = EXPOSITION.replace('"0",model_name="tiny model"} 12.0', '"0",model_name="tiny model"} 20.0')
+        return {"val-core/acc": 0.5}
+
+    out = meter.around(validate)
+    assert out["val-core/acc"] == 0.5 and out["val-aux/spec_accepted_tokens"] == 8
+    assert out["val-aux/spec_drafts"] == 0 and "rollout/spec_drafts" not in out
