@@ -104,6 +104,36 @@ def _training_text(n: int = 3000, seed: int = 0) -> list[str]:
     return lines
 
 
+def save_byte_level_bpe(corpus: list[str], chat_template: str, out: Path, added_tokens: tuple[str, ...] = ()) -> None:
+    """Train a ByteLevel BPE of 1024 tokens on ``corpus`` and save it to ``out`` as a ``PreTrainedTokenizerFast``
+    with Qwen's special tokens, ``chat_template`` and ``added_tokens`` (plain added tokens, as Qwen3's tool tags)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=1024,
+        special_tokens=[ENDOFTEXT, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    if added_tokens:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START, IM_END],
+        model_max_length=4096,
+    )
+    fast.chat_template = chat_template
+    fast.save_pretrained(out)
+
+
 def build_tokenizer(cache_dir: str | os.PathLike | None = None) -> Path:
     """ByteLevel BPE (~1k tokens) trained on synthetic math chat text, saved as a ``PreTrainedTokenizerFast``.
 
@@ -112,29 +142,7 @@ def build_tokenizer(cache_dir: str | os.PathLike | None = None) -> Path:
     """
 
     def build(out: Path) -> None:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-        from transformers import PreTrainedTokenizerFast
-
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-        trainer = trainers.BpeTrainer(
-            vocab_size=1024,
-            special_tokens=[ENDOFTEXT, IM_START, IM_END],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator(_training_text(), trainer=trainer)
-        fast = PreTrainedTokenizerFast(
-            tokenizer_object=tok,
-            eos_token=IM_END,
-            pad_token=ENDOFTEXT,
-            additional_special_tokens=[IM_START, IM_END],
-            model_max_length=4096,
-        )
-        fast.chat_template = CHAT_TEMPLATE
-        fast.save_pretrained(out)
+        save_byte_level_bpe(_training_text(), CHAT_TEMPLATE, out)
 
     return _atomic_build(Path(cache_dir or default_cache_dir()) / TOKENIZER_VERSION, build, is_dir=True)
 

@@ -359,3 +359,22 @@ def calculate(expression: str) -> str:
         return f"Error: {e}"
     except RecursionError:
         return f"Error: expression nested too deeply (limit {MAX_DEPTH})"
+
+
+# The OpenAI function schema of the calculator tool: what verl's ToolAgentLoop puts in the prompt's tools list
+# (recipe/tools/verl_tools.py) and what the tiny SFT model was trained with (recipe/testing/tiny_tasks.py).
+CALCULATOR_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": (
+            "Evaluate an arithmetic expression exactly. Supports + - * / // % ^ (power), parentheses, percentages "
+            "(15%), sqrt, abs, round, floor, ceil, min, max. Returns the exact result."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. (48 - 12) * 3 / 4"}},
+            "required": ["expression"],
+        },
+    },
+}

@@ -18,25 +18,10 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
-from recipe.tools.calculator import calculate
+from recipe.tools.calculator import CALCULATOR_SCHEMA, calculate
 from recipe.tools.result import format_for_model
 from recipe.tools.sandbox import make_backend
 
-CALCULATOR_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": (
-            "Evaluate an arithmetic expression exactly. Supports + - * / // % ^ (power), parentheses, percentages "
-            "(15%), sqrt, abs, round, floor, ceil, min, max. Returns the exact result."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. (48 - 12) * 3 / 4"}},
-            "required": ["expression"],
-        },
-    },
-}
 
 PYTHON_SCHEMA = {
     "type": "function",
