@@ -1,7 +1,8 @@
 """Convert GSM8K, DAPO-Math-17k or DeepScaleR records into verl's RL parquet, all with one boxed-answer prompt.
 
     python scripts/prepare_data.py --dataset {gsm8k,dapo-math-17k,deepscaler} --input FILE(.jsonl|.json|.parquet) \
-        --output OUT.parquet [--split-test N --test-output TEST.parquet] [--limit N] [--keep-duplicates] [--overwrite]
+        --output OUT.parquet [--split-test N --test-output TEST.parquet] [--limit N] [--keep-duplicates] [--overwrite] \
+        [--tool {calculator,python}]
 
 Every row gets the same instruction (reason step by step, final answer in ``\\boxed{}``) so that one reward
 (``reward/math_reward.py``) and one response-length budget fit all three sources; DAPO's own "Answer: $Answer"
@@ -9,6 +10,11 @@ wrapper is removed rather than stacked under ours. Output columns: ``data_source
 message), ``ability`` ("math"), ``reward_model`` {"style": "rule", "ground_truth"}, ``extra_info`` {"index"
 (row number in its file), "split", "question", "answer", plus "source_id" (DAPO's uuid) or "solution"
 (DeepScaleR)}.
+
+``--tool`` writes verl's multi-turn format for ``ToolAgentLoop`` instead (GSM8K with ``calculator``, DAPO-Math with
+``python``): a system message that says how to call the tool, ``agent_name: tool_agent``, and
+``extra_info.tools_kwargs`` / ``need_tools_kwargs``; the tool itself comes from the launch's tool config
+(``recipe/tools/configs/calculator.yaml`` or ``python_tool.yaml``, whose tool names these match).
 
 Repeated prompts are dropped (first occurrence kept; ``--keep-duplicates`` keeps them): the published DAPO-Math-17k
 parquet repeats each of its ~17.9k problems about 100 times (~1.79M rows), which at batch 32 makes an epoch ~56k steps,
@@ -36,6 +42,20 @@ DAPO_PREFIX = (
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem."
 )
 DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
+
+
+# --tool: the tool's name in recipe/tools/configs/*.yaml, and the system message that tells the model how to use it
+# (the chat template adds the tool's schema; the reward still reads the \boxed{} answer).
+TOOL_PROMPTS = {
+    "calculator": ("calculator", "You can call the `calculator` tool to evaluate arithmetic exactly: emit "
+                   "<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"...\"}}</tool_call> "
+                   "and wait for its <tool_response>. Call it whenever you compute, then give the final answer."),
+    "python": ("code_interpreter", "You can call the `code_interpreter` tool to run Python in a sandbox: emit "
+               "<tool_call>{\"name\": \"code_interpreter\", \"arguments\": {\"code\": \"...\"}}</tool_call> "
+               "and wait for its <tool_response> (what the program prints). Use it to compute or check, then give "
+               "the final answer."),
+}
+AGENT_NAME = "tool_agent"  # verl 0.9.1's ToolAgentLoop (experimental/agent_loop/tool_agent_loop.py)
 
 
 class InputError(Exception):
@@ -148,8 +168,8 @@ def drop_duplicate_prompts(converted: list[dict]) -> tuple[list[dict], int]:
     return kept, conflicts
 
 
-def to_verl_rows(converted: list[dict], split: str) -> list[dict]:
-    return [
+def to_verl_rows(converted: list[dict], split: str, tool: str | None = None) -> list[dict]:
+    rows = [
         {
             "data_source": c["data_source"],
             "prompt": make_prompt(c["problem"]),
@@ -159,6 +179,17 @@ def to_verl_rows(converted: list[dict], split: str) -> list[dict]:
         }
         for i, c in enumerate(converted)
     ]
+    if tool is not None:
+        name, system = TOOL_PROMPTS[tool]
+        for row in rows:
+            row["prompt"] = [{"role": "system", "content": system}, *row["prompt"]]
+            row["agent_name"] = AGENT_NAME
+            # verl's (former) tools took the row's ground truth at creation, for a tool-side reward; the recipe's
+            # tools ignore it (and parquet cannot store an empty struct)
+            truth = row["reward_model"]["ground_truth"]
+            row["extra_info"].update(need_tools_kwargs=True,
+                                     tools_kwargs={name: {"create_kwargs": {"ground_truth": truth}}})
+    return rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -177,6 +208,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "out copies of training prompts)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    parser.add_argument("--tool", choices=sorted(TOOL_PROMPTS), help="multi-turn rows for verl's ToolAgentLoop with "
+                        "this tool (calculator: recipe/tools/configs/calculator.yaml; python: python_tool.yaml)")
     args = parser.parse_args(argv)
     if args.split_test < 0 or (args.limit is not None and args.limit < 1):
         parser.error("--split-test must be >= 0 and --limit >= 1")
@@ -219,12 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     for out in (args.output, args.test_output):
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(to_verl_rows(train, "train")).to_parquet(args.output, index=False)
+    pd.DataFrame(to_verl_rows(train, "train", args.tool)).to_parquet(args.output, index=False)
     limited = f" (first {n_in} of {n_file})" if n_in < n_file else ""
     summary = f"{args.dataset}: rows in {n_in}{limited}, rows out {len(train)} -> {args.output}"
     if test:
-        pd.DataFrame(to_verl_rows(test, "test")).to_parquet(args.test_output, index=False)
+        pd.DataFrame(to_verl_rows(test, "test", args.tool)).to_parquet(args.test_output, index=False)
         summary += f" + {len(test)} -> {args.test_output}"
+    if args.tool:
+        summary += f"; multi-turn rows for the {TOOL_PROMPTS[args.tool][0]} tool ({AGENT_NAME})"
     if args.keep_duplicates:
         summary += "; duplicate prompts kept (--keep-duplicates)"
     else:

@@ -264,3 +264,50 @@ def test_split_argument_errors(tmp_path, capsys, extra, message):
     code, err = run_in_process(capsys, "--dataset", "gsm8k", "--input", src, "--output", tmp_path / "o.parquet", *extra)
     assert code != 0 and message in err
     assert not (tmp_path / "o.parquet").exists()
+
+
+def _tool_names(config: str) -> list[str]:
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "recipe" / "tools" / "configs" / config
+    return [t["tool_schema"]["function"]["name"] for t in yaml.safe_load(path.read_text())["tools"]]
+
+
+@pytest.mark.parametrize("dataset,records,tool,config,n_out", [
+    ("gsm8k", GSM8K, "calculator", "calculator.yaml", 4),
+    ("dapo-math-17k", DAPO, "python", "python_tool.yaml", 3),  # DAPO's repeats are still dropped
+])
+def test_tool_rows_are_verls_multi_turn_format_for_the_shipped_tool(tmp_path, dataset, records, tool, config, n_out):
+    src = write(tmp_path / "in.parquet", records)
+    out = tmp_path / "train.parquet"
+    res = run("--dataset", dataset, "--input", src, "--output", out, "--tool", tool)
+    assert res.returncode == 0, res.stderr
+    (name,) = _tool_names(config)
+    assert f"rows out {n_out} -> {out}" in res.stdout and f"multi-turn rows for the {name} tool (tool_agent)" in \
+        res.stdout
+    df = pd.read_parquet(out)
+    assert len(df) == n_out and df["agent_name"].eq("tool_agent").all()
+    for row in df.itertuples():
+        system, user = list(row.prompt)
+        assert system["role"] == "system" and f"`{name}`" in system["content"] and "<tool_call>" in system["content"]
+        assert user["role"] == "user" and "\\boxed{}" in user["content"]
+        assert row.extra_info["need_tools_kwargs"] is True
+        assert row.extra_info["tools_kwargs"] == {name: {"create_kwargs": {
+            "ground_truth": row.reward_model["ground_truth"]}}}
+
+
+def test_tool_rows_load_through_verls_dataset_with_the_agent_and_tool_kwargs(tmp_path, tiny_artifacts):
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    src = write(tmp_path / "in.jsonl", GSM8K)
+    out = tmp_path / "train.parquet"
+    assert run("--dataset", "gsm8k", "--input", src, "--output", out, "--tool", "calculator").returncode == 0
+    tokenizer = AutoTokenizer.from_pretrained(tiny_artifacts.model_dir)
+    config = OmegaConf.create({"max_prompt_length": 512, "filter_overlong_prompts": False, "need_tools_kwargs": True,
+                               "return_raw_chat": True})
+    item = RLHFDataset(data_files=[str(out)], tokenizer=tokenizer, config=config)[0]
+    assert item["agent_name"] == "tool_agent"
+    assert item["tools_kwargs"] == {"calculator": {"create_kwargs": {"ground_truth": "72"}}}
+    assert [m["role"] for m in item["raw_prompt"]] == ["system", "user"]
