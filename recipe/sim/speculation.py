@@ -2,7 +2,7 @@
 Qwen3-30B-A3B (pure numpy), and what it does to the simulator's decode steps.
 
 Cost of one decode (``k = 0``) or verify step of ``B`` running sequences, each with ``k`` draft tokens and ``ctx``
-tokens of context, on one replica of ``tp`` GPUs (bf16; the probe ``/work/shared/probes/spec-decode-cpu``, REPORT.md
+tokens of context, on one replica of ``tp`` GPUs (bf16; the probe ``../shared/probes/spec-decode-cpu``, REPORT.md
 section 4, re-derived here from the model's shapes)::
 
     t(B, k) = t0 + max(M / (tp * BW), C / (tp * FL))
