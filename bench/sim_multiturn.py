@@ -8,7 +8,7 @@ without ``--results`` it only prints). The section goes between the ``sim_multit
 Tuning (``mt-reference`` only, trace seeds 10-11): the over-sample ratio of ``restart`` and of ``continue`` and the
 time key's ``tokens_per_s``, each the fastest of a small grid by mean speedup (the tail cut keeps its single-turn
 knobs, 0.975 and level exponent 1.25, untuned). Report: trace seeds 0-2 on ``mt-reference`` and ``mt-heldout``.
-Model and assumptions: ``recipe/sim/multiturn.py``. Speedups over ``baseline`` on epochs 1-3.
+Model and assumptions: ``recipe/sim/multiturn/``. Speedups over ``baseline`` on epochs 1-3.
 """
 
 import dataclasses
@@ -111,7 +111,7 @@ def section(cfg: Config | None = None) -> str:
     chosen, tune_lines = tune(cfg)
     names = M.MT_DEFAULT_POLICIES
     lines = [f"Reproduce: `{COMMAND}`; one shape and seed: `.venv/bin/python -m recipe.sim.multiturn --shape "
-             "mt-heldout --seed 0`. Model, assumptions and what it leaves out: `recipe/sim/multiturn.py`. "
+             "mt-heldout --seed 0`. Model, assumptions and what it leaves out: `recipe/sim/multiturn/`. "
              f"{t_shape.num_prompts} prompts x n={t_shape.n}, {t_shape.epochs} epochs, batch {cfg.batch_size}, "
              f"response_length {t_shape.response_length} (assistant + tool tokens), 4 replicas, the engine's decode "
              "and prefill parameters, KV dropped during a tool call (whole context re-prefilled on return).", ""]

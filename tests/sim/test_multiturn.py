@@ -1,4 +1,4 @@
-"""Multi-turn rollouts in the simulator (recipe/sim/multiturn.py): the engine charges the re-prefill after a tool
+"""Multi-turn rollouts in the simulator (recipe/sim/multiturn/): the engine charges the re-prefill after a tool
 call, a trajectory is never in the engine while its tool runs, every turn is generated once without restarts,
 ``continue`` resumes from the last turn boundary without re-running completed tool calls, the time key orders as the
 token key when tools take no time, and bench/sim_multiturn.py's section regenerates."""
