@@ -198,15 +198,20 @@ def math_rows(n_rows: int, seed: int, split: str) -> list[dict]:
     return rows
 
 
-def build_math_parquet(path: str | os.PathLike, n_rows: int, seed: int, split: str) -> Path:
-    """Write ``math_rows(n_rows, seed, split)`` to ``path`` (kept if it already exists). Returns the path."""
+def build_rows_parquet(path: str | os.PathLike, make_rows: Callable[[], list[dict]]) -> Path:
+    """Write ``make_rows()`` to ``path`` as parquet (kept if it already exists; atomic). Returns the path."""
 
     def build(out: Path) -> None:
         import pandas as pd
 
-        pd.DataFrame(math_rows(n_rows, seed, split)).to_parquet(out, index=False)
+        pd.DataFrame(make_rows()).to_parquet(out, index=False)
 
     return _atomic_build(Path(path), build, is_dir=False)
+
+
+def build_math_parquet(path: str | os.PathLike, n_rows: int, seed: int, split: str) -> Path:
+    """Write ``math_rows(n_rows, seed, split)`` to ``path`` (kept if it already exists). Returns the path."""
+    return build_rows_parquet(path, lambda: math_rows(n_rows, seed, split))
 
 
 @dataclass(frozen=True)

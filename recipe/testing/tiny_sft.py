@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import tiny_tasks as tasks
-from .tiny import ENDOFTEXT, IM_END, IM_START, _atomic_build, _training_text, default_cache_dir, save_byte_level_bpe
+from .tiny import (ENDOFTEXT, IM_END, IM_START, _atomic_build, _training_text, build_rows_parquet, default_cache_dir,
+                   save_byte_level_bpe)
 
 TOKENIZER_VERSION = "tok-v2-tools"
 SFT_VERSION = "sft-v1"
@@ -311,24 +312,12 @@ def spearman(x, y) -> float:
 
 def build_countdown_parquet(path: str | os.PathLike, n_rows: int, seed: int, split: str) -> Path:
     """``tiny_tasks.countdown_rows`` written to ``path`` (kept if it already exists). Returns the path."""
-
-    def build(out: Path) -> None:
-        import pandas as pd
-
-        pd.DataFrame(tasks.countdown_rows(n_rows, seed, split)).to_parquet(out, index=False)
-
-    return _atomic_build(Path(path), build, is_dir=False)
+    return build_rows_parquet(path, lambda: tasks.countdown_rows(n_rows, seed, split))
 
 
 def build_calculator_parquet(path: str | os.PathLike, n_rows: int, seed: int, split: str) -> Path:
     """``tiny_tasks.calculator_rows`` (``agent_name: tool_agent``) written to ``path`` (kept if it already exists)."""
-
-    def build(out: Path) -> None:
-        import pandas as pd
-
-        pd.DataFrame(tasks.calculator_rows(n_rows, seed, split)).to_parquet(out, index=False)
-
-    return _atomic_build(Path(path), build, is_dir=False)
+    return build_rows_parquet(path, lambda: tasks.calculator_rows(n_rows, seed, split))
 
 
 @dataclass(frozen=True)
