@@ -119,6 +119,7 @@ class LengthTraceWriter:
         prompt_keys: Sequence[str] | None = None,
         num_preempted: Sequence[int | None] | None = None,
         spec: dict | None = None,
+        turns: dict[str, Sequence] | None = None,
     ) -> dict:
         """Write and fsync the record for one step; returns it.
 
@@ -128,7 +129,10 @@ class LengthTraceWriter:
         (``prompt_key`` of each response's prompt) and ``num_preempted`` (vLLM's preemptions of each response's
         request, None where the rollout does not report it) are stored when given. ``spec`` (speculative decoding's
         step totals: drafts, draft_tokens, accepted_tokens, acceptance_length; vLLM 0.28 has no per-request
-        acceptance) is stored as the record's ``spec`` when given.
+        acceptance) is stored as the record's ``spec`` when given. ``turns`` (multi-turn runs) holds per-response lists
+        ``num_turns`` (messages, verl's count), ``tool_calls``, ``tool_tokens`` (the response's tokens with mask 0: tool
+        replies and turn markers) and ``tool_s`` (tool wall time), None where unknown (over-sample aborts); each
+        becomes a per-response list of the record.
         """
         n = len(lengths)
         if finish is None:
@@ -140,6 +144,7 @@ class LengthTraceWriter:
             per_response["prompt_keys"] = prompt_keys
         if num_preempted is not None:
             per_response["num_preempted"] = num_preempted
+        per_response.update(turns or {})
         for name, values in per_response.items():
             if len(values) != n:
                 raise ValueError(f"{name} has {len(values)} entries for {n} lengths (one per response expected)")
@@ -165,6 +170,9 @@ class LengthTraceWriter:
             record["spec"] = dict(spec)
         if num_preempted is not None:
             record["num_preempted"] = [None if p is None or p < 0 else int(p) for p in num_preempted]
+        for name, values in (turns or {}).items():
+            record[name] = [None if v is None else (round(float(v), 4) if name == "tool_s" else int(v))
+                            for v in values]
         self._fp.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
         self._fp.flush()
         os.fsync(self._fp.fileno())

@@ -49,8 +49,9 @@ if [[ -z "${PRESET:-}" && -z "${MODEL_PATH:-}" ]]; then
     elif [[ -z "${RAY_ADDRESS:-}" ]]; then
         cat >&2 <<'BANNER'
 train_grpo.sh: no MODEL_PATH and no GPU here: running the CPU preset (PRESET=cpu), the whole recipe through
-  verl 0.9.1's own training loop on this CPU in a few minutes: a tiny random Qwen3-MoE, generated prompts and a smoke
-  reward (digit density, not math), verl's FSDP engine and one vLLM CPU replica, with the length-aware sampler and
+  verl 0.9.1's own training loop on this CPU in a few minutes: a tiny Qwen3-MoE trained here on synthetic tasks
+  (countdowns whose length the prompt sets; MULTI_TURN=1: calculator problems with real tool calls; CPU_MODEL=random:
+  the random model on a smoke reward), verl's FSDP engine and one vLLM CPU replica, with the length-aware sampler and
   the response cap on. It proves the wiring, not the speed-up (docs/cpu-run.md). For the real job on a GPU cluster:
   MODEL_PATH=... DISTCP_PATH=... TRAIN_FILE=... TEST_FILE=... bash scripts/train_grpo.sh   (README: Quick start)
 BANNER

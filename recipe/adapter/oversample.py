@@ -9,7 +9,8 @@ Per step (``LengthAwareTrainer`` calls these from verl's hooks):
   until the next resume), wait until the leftover groups are terminal in TransferQueue, count what vLLM still holds
   (``engine_unfinished_after_settle``, 0 after a clean abort), read their partial lengths
   (censored observations for the estimates, and ``abort`` entries of the step's length trace), drop them from
-  TransferQueue and re-queue their prompts into the epoch. ``resume`` (from ``on_step_end``, after the weight update) re-opens generation.
+  TransferQueue and re-queue their prompts into the epoch. On multi-turn runs the rollout gate closes first
+  (``recipe.adapter.rollout_gate``): tool calls in flight are cancelled, so the settle never waits on a tool. ``resume`` (from ``on_step_end``, after the weight update) re-opens generation.
 * ``continue`` mode: an aborted group's trajectories stay in TransferQueue and its row carries a ``PartialRef`` the
   next time it is launched (``partial_for``); its agent loops resume each response (recipe/adapter/partial.py).
   The old trajectories are cleared once the resumed launch has settled. Partial responses are driver memory only:
@@ -56,7 +57,7 @@ def _sequences(column) -> list:
 class OverSampleDriver:
     def __init__(self, controller: OverSampleController, *, rollout_n: int, stop_token_ids: set[int],
                  response_length: int, has_logprobs: bool, settle_timeout_s: float = 600.0,
-                 events_path: str | None = None, poll_s: float = 0.05):
+                 events_path: str | None = None, poll_s: float = 0.05, gate=None):
         self.controller = controller
         self.rollout_n = int(rollout_n)
         self.stop_token_ids = set(stop_token_ids)
@@ -65,6 +66,8 @@ class OverSampleDriver:
         self.settle_timeout_s = settle_timeout_s
         self.events_path = events_path
         self.poll_s = poll_s
+        self.gate = gate  # a rollout_gate.DriverGate (multi-turn: tool calls in flight are cancelled) or None
+        self._gate_closed = False
         self.pending: Launch | None = None
         self.partials: dict[int, PartialRef] = {}  # row -> where its partial responses wait (continue mode)
         self.last_metrics: dict[str, float] = {}
@@ -106,6 +109,9 @@ class OverSampleDriver:
         t_target = time.time()
         leftover = self._leftover(launch)
         if leftover:
+            if self.gate is not None:
+                self.gate.close()
+                self._gate_closed = True
             trainer.checkpoint_manager.abort_replicas(reject_request=True)
             deadline = t_target + self.settle_timeout_s
             while any(s not in TERMINAL for s in leftover.values()):
@@ -235,6 +241,9 @@ class OverSampleDriver:
     def resume(self, trainer) -> None:
         if self.last_metrics.get("rollout/over_sample/aborted_groups", 0) > 0:
             trainer.checkpoint_manager.resume_generation_replicas()
+        if self._gate_closed:
+            self.gate.open()
+            self._gate_closed = False
 
     def state_dict(self) -> dict:
         return self.controller.state_dict()

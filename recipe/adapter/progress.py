@@ -23,6 +23,9 @@ def progress_line(step: int, total_steps: int, m: Mapping) -> str:
         f"len {_f(m, 'response_length/mean', '.1f')} (max {_f(m, 'response_length/max', '.0f')})",
         f"cap {int(cap) if cap else 'off'} (hit {_f(m, 'rollout/cap_hit_ratio', '.0%')})",
     ]
+    if "rollout/tools/calls_mean" in m:
+        parts.append(f"tools {_f(m, 'rollout/tools/calls_mean', '.2f')}/traj ({_f(m, 'rollout/tools/called_share', '.0%')} "
+                     f"call, {_f(m, 'rollout/tools/tool_s_mean', '.2f')}s)")
     if m.get("rollout/tail_cut/cut"):
         parts.append(f"tail cut {_f(m, 'rollout/tail_cut/cut_responses', '.0f')} responses")
     if "rollout/over_sample/aborted_groups" in m:

@@ -9,6 +9,11 @@ responses count as truncated (censored in the estimates, ``cut`` in the traces, 
 and nothing is resumed, so it stays on-policy and every prompt is trained once per epoch. Generation re-opens after
 the weight update (``resume``). Not combinable with over-sampling, which aborts for another reason.
 
+The abort rejects late requests (``reject_request=True``): a multi-turn trajectory that wants another turn after the
+cut gets an empty aborted reply and ends as truncated, instead of parking until a resume that comes only after the
+step (a deadlock). With a rollout gate (multi-turn runs, ``recipe.adapter.rollout_gate``) the gate closes first, so
+tool calls in flight are cancelled and no new turn starts.
+
 With a truncation budget (``recipe.tail_cut.max_extra_truncation``, env ``TAIL_CUT_MAX_EXTRA_TRUNCATION``) the
 monitor holds a ``recipe.core.tailcut_budget.TailCutBudget``: each step's rule is its ``cut()``, and the trainer
 feeds every step's trained responses to ``observe`` (lengths, limit hits, which the cut stopped, the rows'
@@ -30,9 +35,11 @@ logger = logging.getLogger(__name__)
 
 
 class TailCutMonitor:
-    def __init__(self, cut: TailCut, rollout_n: int, poll_s: float = 0.05, budget: TailCutBudget | None = None):
+    def __init__(self, cut: TailCut, rollout_n: int, poll_s: float = 0.05, budget: TailCutBudget | None = None,
+                 gate=None):
         self.cut, self.rollout_n, self.poll_s = cut, int(rollout_n), poll_s
         self.budget = budget  # None: the fixed ``cut`` every step
+        self.gate = gate  # a rollout_gate.DriverGate (multi-turn) or None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.done_at_cut: set[str] | None = None  # response keys finished when the step was cut (None: no cut)
@@ -61,7 +68,9 @@ class TailCutMonitor:
                     return
                 if self.cut.should_cut(len(done), launched, level):
                     self.done_at_cut = done
-                    checkpoint_manager.abort_replicas(reject_request=False)
+                    if self.gate is not None:
+                        self.gate.close()
+                    checkpoint_manager.abort_replicas(reject_request=True)
                     return
                 time.sleep(self.poll_s)
         except Exception:  # noqa: BLE001 - a failed watch must not take the step down: it only loses the cut
@@ -100,3 +109,5 @@ class TailCutMonitor:
         """After the weight update: re-open generation on the replicas the cut paused."""
         if self.done_at_cut is not None:
             checkpoint_manager.resume_generation_replicas()
+            if self.gate is not None:
+                self.gate.open()

@@ -47,6 +47,7 @@ from .columns import column_to_numpy
 from .fields import CAP, PARTIAL, PREDICTION, PRIORITY, ROW_ID, SEED
 from .oversample import OverSampleDriver
 from .progress import progress_line
+from .rollout_gate import create_gate
 from .sampler import LengthAwareEpochSampler
 from .spec_metrics import SpecAcceptanceMeter, trace_fields
 from .tail_cut import TailCutMonitor
@@ -79,8 +80,12 @@ class LengthAwareTrainer(PPOTrainerSync):
         tc = self.settings.tail_cut
         budget = (TailCutBudget(tc.max_extra_truncation, tc.level_exponent, initial_allowance=1.0 - tc.fraction)
                   if tc.max_extra_truncation > 0 else None)
+        # multi-turn runs that abort mid-step tell their agent loops through the rollout gate (tools are cancelled)
+        multi_turn = bool(config.actor_rollout_ref.rollout.get("multi_turn", {}).get("enable", False))
+        self.multi_turn = multi_turn
+        self.rollout_gate = create_gate() if multi_turn and (tc.enabled or self.settings.over_sample.enabled) else None
         self.tail_cut = (TailCutMonitor(TailCut(tc.fraction, tc.level_exponent), config.actor_rollout_ref.rollout.n,
-                                        budget=budget) if tc.enabled else None)
+                                        budget=budget, gate=self.rollout_gate) if tc.enabled else None)
         self._launch: tuple[list[str], float] | None = None  # the last batch formed: its uids and its length level
         self.priority_scheduling = config.actor_rollout_ref.rollout.get("scheduling_policy", "fcfs") == "priority"
         # speculative decoding's acceptance per step, from vLLM's counters (recipe/adapter/spec_metrics.py)
@@ -119,6 +124,7 @@ class LengthAwareTrainer(PPOTrainerSync):
                 has_logprobs=bool(rollout.get("calculate_log_probs", False)),
                 events_path=(os.path.join(self.config.trainer.default_local_dir, "over_sample_events.jsonl")
                              if os_cfg.abort_events else None),
+                gate=self.rollout_gate,
             )
             # Over-sampled steps launch any number of prompts: fetch one row per dataloader batch (verl does the
             # same for its exact refills).
@@ -267,8 +273,9 @@ class LengthAwareTrainer(PPOTrainerSync):
         if not real:
             return {}
         keys = [k for k, _ in real]
+        turn_fields = ["num_turns", "response_mask", "extra_fields"] if getattr(self, "multi_turn", False) else []
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
-                               select_fields=[ROW_ID, CAP, PREDICTION, "metrics"])
+                               select_fields=[ROW_ID, CAP, PREDICTION, "metrics"] + turn_fields)
         resp = StepResponses(
             rows=column_to_numpy(data[ROW_ID], dtype=np.int64),
             lengths=np.array([int(tag["response_len"]) for _, tag in real], dtype=np.int64),
@@ -281,17 +288,20 @@ class LengthAwareTrainer(PPOTrainerSync):
             aborted=self._cut_mask(keys),
         )
         aborted = self.over_sample.last_aborted if self.over_sample is not None else None
-        return self.observe(resp, gen_time_s=gen_time_s, aborted=aborted)
+        turns = trajectory_turns(data, resp.lengths) if turn_fields else None
+        return self.observe(resp, gen_time_s=gen_time_s, aborted=aborted, turns=turns)
 
     def _cut_mask(self, keys: list[str]) -> np.ndarray | None:
         """Per trained response: stopped by this step's tail cut (None when the step was not cut)."""
         done = self.tail_cut.done_at_cut if self.tail_cut is not None else None
         return None if done is None else np.array([k not in done for k in keys], bool)
 
-    def observe(self, resp: StepResponses, gen_time_s: float, aborted: StepResponses | None = None) -> dict:
+    def observe(self, resp: StepResponses, gen_time_s: float, aborted: StepResponses | None = None,
+                turns: dict | None = None) -> dict:
         """Update estimates and cap calibration from one step's trained responses; return the step's recipe metrics.
         ``aborted`` (the over-sampler's aborted partial responses, already folded into the estimates as censored
-        observations) only joins the step's length trace, as ``abort`` entries."""
+        observations) only joins the step's length trace, as ``abort`` entries. ``turns`` (multi-turn runs:
+        :func:`trajectory_turns` of the trained responses) joins the trace and the step's ``rollout/tools/*``."""
         obs = None
         epoch = (self.global_steps - 1) // max(self.steps_per_epoch, 1)
         if self.length_sampler is not None:
@@ -311,11 +321,14 @@ class LengthAwareTrainer(PPOTrainerSync):
             m["sampler/known_ratio"] = self.length_sampler.estimates.known_ratio()
         if self.warm_start is not None:
             m["sampler/warm_started_rows"] = float(self.warm_start.rows)
+        if turns is not None:
+            m.update(turn_metrics(turns))
         if self.trace_writer is not None:
-            self._append_trace(int(epoch), resp, aborted, gen_time_s)
+            self._append_trace(int(epoch), resp, aborted, gen_time_s, turns)
         return m
 
-    def _append_trace(self, epoch: int, resp: StepResponses, aborted: StepResponses | None, gen_time_s: float):
+    def _append_trace(self, epoch: int, resp: StepResponses, aborted: StepResponses | None, gen_time_s: float,
+                      turns: dict | None = None):
         parts = [resp] + ([aborted] if aborted is not None and len(aborted.rows) else [])
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
         samples = [p.sample_index if p.sample_index is not None else _sample_index(p.rows) for p in parts]
@@ -340,6 +353,8 @@ class LengthAwareTrainer(PPOTrainerSync):
             lengths=cat("lengths").astype(int).tolist(),
             predicted=[None if not np.isfinite(p) else float(p) for p in cat("predicted")],
             spec=trace_fields(getattr(self, "_spec_step", {})),
+            # the over-sampler's aborted entries (after the trained ones) have no turn counts
+            turns=None if turns is None else {k: list(v) + [None] * (len(finish) - len(v)) for k, v in turns.items()},
         )
 
 
@@ -350,6 +365,35 @@ def preemptions(data) -> np.ndarray | None:
         return None
     values = [m.get("num_preempted") if isinstance(m, dict) else None for m in list(data["metrics"])]
     return np.array([-1 if v is None else int(v) for v in values], np.int64)
+
+
+def trajectory_turns(data, lengths: np.ndarray) -> dict[str, list]:
+    """Per trained trajectory (multi-turn): verl's ``num_turns``, the tool calls whose replies joined it
+    (``CappedToolAgentLoop``'s ``extra_fields.tool_calls``; None for other loops), its tokens with mask 0 (tool
+    replies and turn markers) and its tool wall time (verl's ``metrics.tool_calls``, seconds)."""
+    masks = data["response_mask"]
+    masks = masks.unbind() if getattr(masks, "is_nested", False) else list(masks)
+    extra = [e if isinstance(e, dict) else {} for e in list(data["extra_fields"])]
+    metrics = [m if isinstance(m, dict) else {} for m in list(data["metrics"])]
+    return {
+        "num_turns": [int(t) for t in column_to_numpy(data["num_turns"], dtype=np.int64)],
+        "tool_calls": [e.get("tool_calls") for e in extra],
+        "tool_tokens": [int(n) - int(m[:int(n)].sum()) for n, m in zip(lengths.tolist(), masks)],
+        "tool_s": [float(m.get("tool_calls", 0.0)) for m in metrics],
+    }
+
+
+def turn_metrics(turns: dict[str, list]) -> dict[str, float]:
+    """The step's ``rollout/tools/*``: mean tool calls, the share of trajectories that called a tool, mean tool tokens
+    and tool seconds per trajectory."""
+    calls = np.array([np.nan if c is None else c for c in turns["tool_calls"]], dtype=np.float64)
+    known = calls[np.isfinite(calls)]
+    out = {"rollout/tools/tool_tokens_mean": float(np.mean(turns["tool_tokens"])),
+           "rollout/tools/tool_s_mean": float(np.mean(turns["tool_s"]))}
+    if known.size:
+        out["rollout/tools/calls_mean"] = float(known.mean())
+        out["rollout/tools/called_share"] = float((known > 0).mean())
+    return out
 
 
 def stop_token_ids(tokenizer) -> set[int]:

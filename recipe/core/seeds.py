@@ -21,3 +21,11 @@ def row_seeds(seed: int, epoch: int, rows) -> np.ndarray:
 def response_seed(row_seed: int, sample_index: int) -> int:
     """The vLLM seed of one response of a row (the row's n samples differ)."""
     return int(np.random.SeedSequence([int(row_seed), int(sample_index)]).generate_state(1)[0] & _MASK)
+
+
+def turn_seed(row_seed: int, sample_index: int, turn: int) -> int:
+    """The vLLM seed of one assistant turn of a multi-turn response: turn 0 draws what the single-turn response with
+    the same seed draws; each later turn its own stream (a resumed run redraws every turn identically)."""
+    if turn == 0:
+        return response_seed(row_seed, sample_index)
+    return int(np.random.SeedSequence([int(row_seed), int(sample_index), int(turn)]).generate_state(1)[0] & _MASK)

@@ -1,18 +1,30 @@
 """``PRESET=cpu``: the whole recipe through verl's real loop on a machine without a GPU, in a few minutes.
 
-The default of ``bash scripts/train_grpo.sh`` when neither ``MODEL_PATH`` nor a GPU is there. It trains the tiny
-random Qwen3-MoE of ``recipe.testing.tiny`` on the generated math prompts with verl's FSDP engine and one vLLM CPU
-replica that verl starts itself (``configs/length_aware_grpo_cpu.yaml``), with the length-aware sampler, the cap
-and (with ``OVER_SAMPLE_ENABLE=1``) over-sampling, exactly the recipe code of the GPU cluster. Its reward is a smoke
-task (``reward/smoke_reward.py``: digit density), not math: a random model cannot learn arithmetic in minutes.
+The default of ``bash scripts/train_grpo.sh`` when neither ``MODEL_PATH`` nor a GPU is there: verl's FSDP engine and
+one vLLM CPU replica that verl starts itself (``configs/length_aware_grpo_cpu.yaml``), with the length-aware sampler,
+the cap and (with ``OVER_SAMPLE_ENABLE=1``) over-sampling, exactly the recipe code of the GPU cluster. 48 prompts,
+batch 8 x 4 responses, 3 epochs of 6 steps (18 steps). Three flavours, each a dict of values over
+:data:`CPU_VALUES`:
 
-Sizing: 48 prompts, batch 8 x 4 responses of at most 32 tokens, 3 epochs of 6 steps (18 steps). A random model
-rarely emits its stop token, so nearly every response runs to the length limit; the cap's factor is 0.5 so that
-from epoch 1 on it visibly halves the responses (``rollout/response_max_tokens_cap`` 16). What a CPU run proves and
-what it cannot is listed in ``docs/cpu-run.md``.
+- **countdown** (the default, ``CPU_MODEL=trained``): the tiny Qwen3-MoE trained on two tasks
+  (``recipe.testing.tiny_sft``, built in ~5 CPU-minutes and cached) answers "Count down from N.": its answers end
+  with EOS at lengths the prompt sets (~5 to ~130 tokens) with spread within a prompt, so the estimates rank
+  prompts and the cap (2 x the batch's estimate, floor 16) cuts the batches' longer-than-expected responses only.
+  Reward ``reward/math_reward.py`` on its ``#### N``; learning rate 1e-4 (a trained model: the random flavour's
+  5e-3 would undo its training).
+- **random** (``CPU_MODEL=random``): the random tiny model of ``recipe.testing.tiny`` on generated math prompts,
+  scored by a smoke task (``reward/smoke_reward.py``: digit density) that it learns within the run. It rarely emits
+  its stop token, so every response runs to the limit (32) and the cap (factor 0.5) visibly halves them from epoch 1
+  on. The test suite's single-turn e2e runs use it: their assertions are written for it (tests/e2e/conftest.py).
+- **multi-turn** (``MULTI_TURN=1``): the trained model on calculator word problems through ``CappedToolAgentLoop``
+  and the recipe's calculator tool (``recipe/tools/configs/calculator.yaml``), scored by
+  ``reward/tool_use_reward.py`` (the right answer; half for the tool's result); prompts of ~230 tokens (the tools
+  block), trajectories of ~50 (call, tool reply, answer), budget 96, cap factor 2 with a floor of 32 (a cap below
+  the answer zeroes the reward), learning rate 4e-4. docs/multi-turn.md.
 
-:func:`cpu_env` returns the preset's environment values; the preflight lays the user's explicit variables over
-them, as for the smoke preset. :data:`PLATFORM_ENV` is the environment every process of the run needs.
+What a CPU run proves and what it cannot is listed in ``docs/cpu-run.md``. :func:`cpu_env` returns the preset's
+environment values; the preflight lays the user's explicit variables over them, as for the smoke preset.
+:data:`PLATFORM_ENV` is the environment every process of the run needs.
 """
 from __future__ import annotations
 
@@ -37,6 +49,7 @@ PLATFORM_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
 }
 
+# The random flavour, and the base of the other two
 CPU_VALUES = {
     "NNODES": "1",
     "GPUS_PER_NODE": "1",
@@ -54,7 +67,7 @@ CPU_VALUES = {
     # one micro-batch per pass: the default token budget (one longest sequence) splits a CPU step into dozens
     "ACTOR_PPO_MAX_TOKEN_LEN_PER_GPU": "8192",
     "LOG_PROB_MAX_TOKEN_LEN_PER_GPU": "8192",
-    "ACTOR_LR": "5e-3",  # a tiny model and a dense reward: visible progress within a few dozen steps
+    "ACTOR_LR": "5e-3",  # a random tiny model and a dense reward: visible progress within a few dozen steps
     "TRAINER_TEST_FREQ": "6",
     "TRAINER_VAL_BEFORE_TRAIN": "1",
     "TRAINER_LOGGER": "file,wandb",  # the recipe prints a compact line per step; verl's console line has ~150 keys
@@ -66,11 +79,55 @@ CPU_VALUES = {
 }
 
 
+# What differs from CPU_VALUES (the random flavour) in the two flavours on the trained model
+COUNTDOWN_VALUES = {
+    "MAX_RESPONSE_LENGTH": "160",  # the longest countdown (99 ... 1. plus a closing sentence) is ~130 tokens
+    "ACTOR_LR": "1e-4",
+    # the seed's factor: 1.25 cut 25-55% of the responses (a countdown's closing sentence adds up to 13 tokens)
+    "VLLM_ROLLOUT_EARLY_STOP_FACTOR": "2.0",
+    "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS": "16",
+    "SAMPLER_BUCKET_SIZE": "16",
+}
+MULTI_TURN_VALUES = {
+    "MAX_PROMPT_LENGTH": "256",
+    "MAX_RESPONSE_LENGTH": "96",
+    "ACTOR_LR": "4e-4",  # 1e-3 collapsed the policy to empty answers within 6 steps; 2e-4 barely moved it
+    "VLLM_ROLLOUT_EARLY_STOP_FACTOR": "2.0",
+    "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS": "32",
+    "SAMPLER_BUCKET_SIZE": "8",
+}
+
+
+def cpu_flavour(env: Mapping[str, str]) -> str:
+    """``multi-turn``, ``countdown`` or ``random`` (see the module docstring); a bad value of either variable counts
+    as unset here: the preflight reports it by name."""
+    from ..settings import parse_bool
+
+    try:
+        if parse_bool(env.get("MULTI_TURN") or "0"):
+            return "multi-turn"
+    except ValueError:
+        pass
+    return "random" if (env.get("CPU_MODEL") or "").strip() == "random" else "countdown"
+
+
 def cpu_env(env: Mapping[str, str]) -> dict[str, str]:
     """The preset's values, with the tiny model and data built (or reused) under ``RECIPE_FIXTURE_CACHE``."""
-    from ..testing.tiny import tiny_artifacts
+    reward = Path(__file__).resolve().parents[2] / "reward"
+    cache = env.get("RECIPE_FIXTURE_CACHE") or None
+    flavour = cpu_flavour(env)
+    if flavour == "random":
+        from ..testing.tiny import tiny_artifacts
 
-    art = tiny_artifacts(env.get("RECIPE_FIXTURE_CACHE") or None, n_train=N_TRAIN, n_test=N_TEST)
-    reward = Path(__file__).resolve().parents[2] / "reward" / "smoke_reward.py"
-    return {**CPU_VALUES, "MODEL_PATH": str(art.model_dir), "TRAIN_FILE": str(art.train_parquet),
-            "TEST_FILE": str(art.test_parquet), "REWARD_FUNCTION_PATH": str(reward)}
+        art = tiny_artifacts(cache, n_train=N_TRAIN, n_test=N_TEST)
+        return {**CPU_VALUES, "MODEL_PATH": str(art.model_dir), "TRAIN_FILE": str(art.train_parquet),
+                "TEST_FILE": str(art.test_parquet), "REWARD_FUNCTION_PATH": str(reward / "smoke_reward.py")}
+    from ..testing.tiny_sft import sft_artifacts
+
+    sft = sft_artifacts(cache, n_train=N_TRAIN, n_test=N_TEST)
+    if flavour == "multi-turn":
+        return {**CPU_VALUES, **MULTI_TURN_VALUES, "MODEL_PATH": str(sft.model_dir),
+                "TRAIN_FILE": str(sft.tool_train_parquet), "TEST_FILE": str(sft.tool_test_parquet),
+                "REWARD_FUNCTION_PATH": str(reward / "tool_use_reward.py")}
+    return {**CPU_VALUES, **COUNTDOWN_VALUES, "MODEL_PATH": str(sft.model_dir), "TRAIN_FILE": str(sft.train_parquet),
+            "TEST_FILE": str(sft.test_parquet), "REWARD_FUNCTION_PATH": str(reward / "math_reward.py")}

@@ -18,7 +18,7 @@ generated from it (``python -m recipe.preflight --env-table``).
 
 Modules: :mod:`.knobs` (the variables), :mod:`.env` (phase 1), :mod:`.overrides`, :mod:`.compose` (phase 2), one
 module per check on the composed config (:mod:`.model`, :mod:`.layout`, :mod:`.rollout`, :mod:`.batches`,
-:mod:`.data`, :mod:`.reward`, :mod:`.distcp`, :mod:`.megatron`), :mod:`.report` (summary, text, launch plan); a
+:mod:`.data`, :mod:`.reward`, :mod:`.tools`, :mod:`.distcp`, :mod:`.megatron`), :mod:`.report` (summary, text, launch plan); a
 new check is a function ``check_x(cfg, errors)`` in its module, called from :func:`_check_config`.
 """
 from __future__ import annotations
@@ -41,6 +41,7 @@ from .report import PreflightReport, dump, format_report, summary_table, write_p
 from .reward import check_reward
 from .rollout import check_rollout
 from .stack import check_stack
+from .tools import check_tools
 from .warm_start import check_warm_start
 
 __all__ = ["KNOB", "KNOBS", "Knob", "PreflightReport", "RunPaths", "build_overrides", "distcp_problem", "dump",
@@ -105,6 +106,7 @@ def _check_config(cfg, values: dict, report: PreflightReport) -> None:
     cap_note(c, notes)
     check_data(c, select(c, "data.train_batch_size"), errors, notes)
     check_reward(c, errors)
+    check_tools(c, errors)
     check_warm_start(c, errors, notes)
     if megatron:
         report.smoke_convert = check_distcp(c, values["PRESET"] == "smoke", errors, notes)

@@ -81,21 +81,28 @@ def _experiment_name(v: dict) -> str:
     model = v["PRESET"] if v["PRESET"] else re.sub(r"[^a-z0-9._-]+", "-", Path(v["MODEL_PATH"]).name.lower())
     if v.get("ROLLOUT_SPECULATIVE", "off") != "off":  # an A/B of speculation gets its own run directory
         variant += f"-{v['ROLLOUT_SPECULATIVE']}"
+    if v.get("MULTI_TURN"):
+        variant += "-tools"
     return f"{model}-grpo-{variant}"
 
 
 _P_PLUS_R = "MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH"
-_G_IN, _G_CLUSTER, _G_BATCH, _G_MEGATRON, _G_ROLLOUT, _G_RECIPE, _G_RUN, _G_SCRIPT, _G_CONVERT = (
+_G_IN, _G_CLUSTER, _G_BATCH, _G_MEGATRON, _G_ROLLOUT, _G_TOOLS, _G_RECIPE, _G_RUN, _G_SCRIPT, _G_CONVERT = (
     "Inputs", "Cluster", "Batch, lengths, algorithm (GRPO)", "Megatron actor and ref (Qwen3-30B-A3B: 48 layers, "
-    "128 experts)", "vLLM rollout", "Comparison switches, sampler, cap, over-sample", "Run directory, checkpoints, "
-    "logging", "Script control", "Conversion (scripts/convert_hf_to_distcp.sh)",
+    "128 experts)", "vLLM rollout", "Multi-turn tool calling", "Comparison switches, sampler, cap, over-sample",
+    "Run directory, checkpoints, logging", "Script control", "Conversion (scripts/convert_hf_to_distcp.sh)",
 )
+TOOL_CONFIGS = REPO_ROOT / "recipe" / "tools" / "configs"
 
 KNOBS: tuple[Knob, ...] = (
     Knob("PRESET", "choice", "", "(the defaults of the other variables)", "`cpu`: the whole recipe through verl's "
          "loop on a CPU (tiny random Qwen3-MoE, FSDP, vLLM CPU; a few minutes), the default when MODEL_PATH is unset "
          "and no GPU is visible; `smoke`: the tiny model on 1 GPU with Megatron, the default when MODEL_PATH is "
          "unset on a GPU machine", default_doc="unset", choices=("", "cpu", "smoke"), group=_G_IN),
+    Knob("CPU_MODEL", "choice", "trained", "(PRESET=cpu: MODEL_PATH, TRAIN_FILE, TEST_FILE, the reward, lengths, "
+         "cap)", "PRESET=cpu: `trained`: the tiny model trained on countdowns (answers end with EOS at lengths the "
+         "prompt sets); `random`: the random tiny model on a smoke reward (every response runs to the limit); "
+         "`recipe/cpu/preset.py`", choices=("trained", "random"), group=_G_IN),
     Knob("MODEL_PATH", "path", None, f"{ARR}.model.path", "Hugging Face model dir (config.json, tokenizer, "
          "safetensors: vLLM loads it)", group=_G_IN),
     Knob("DISTCP_PATH", "path_or_none", None, f"{ARR}.{{actor,ref}}.megatron.use_dist_checkpointing=True, "
@@ -216,6 +223,19 @@ KNOBS: tuple[Knob, ...] = (
          "route every response of a GRPO group to one vLLM replica (the group's first request to the least-loaded "
          "one; `recipe/adapter/router.py`, through verl's router extension point), so suffix drafting sees running "
          "siblings; off by default: its load-balance cost is in docs/results.md", group=_G_ROLLOUT),
+    Knob("MULTI_TURN", "bool", "0", f"{ARR}.rollout.multi_turn.enable, .tool_config_path, .format=hermes, "
+         f"{ARR}.rollout.agent.default_agent_loop=length_capped_tool_agent", "multi-turn tool-calling rollouts through "
+         "`CappedToolAgentLoop` (verl's ToolAgentLoop with the recipe's per-row token budget, per-turn seeds, "
+         "priorities, and tool calls cancelled when the step aborts; `recipe/adapter/tool_agent_loop.py`): the "
+         "default agent loop of rows without `agent_name` (rows with `agent_name: tool_agent` get it anyway); "
+         "PRESET=cpu: the trained tiny model on calculator problems", group=_G_TOOLS),
+    Knob("TOOL_CONFIG", "path", str(TOOL_CONFIGS / "calculator.yaml"), f"{ARR}.rollout.multi_turn.tool_config_path",
+         "verl tool config (MULTI_TURN=1): `recipe/tools/configs/calculator.yaml` (exact arithmetic) or "
+         "`python_tool.yaml` (Python in a sandbox: SANDBOX_BACKEND, docs/tools.md)",
+         default_doc="`<repo>/recipe/tools/configs/calculator.yaml`", group=_G_TOOLS),
+    Knob("TOOL_MAX_RESPONSE_CHARS", "int", "2048", f"{ARR}.rollout.multi_turn.max_tool_response_length",
+         "characters of a tool reply the model sees (verl cuts the middle out of longer ones; verl's default 256 "
+         "cuts most program outputs)", minimum=1, group=_G_TOOLS),
     Knob("BASELINE_NO_RESAMPLE", "bool", "0", "data.sampler.class_path=null, recipe.cap.enable=0, "
          "data.shuffle=True", "the fair baseline arm: verl's seeded random order, no cap, everything else as in the "
          "resampler arm (ignores the cap and sampler variables)", group=_G_RECIPE),
@@ -279,7 +299,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PROJECT_NAME", "str", "length-aware-grpo", "trainer.project_name", "wandb project", group=_G_RUN),
     Knob("EXPERIMENT_NAME", "str", _experiment_name, "trainer.experiment_name", "run name and run directory name",
          default_doc="`<model>-grpo-<variant>`: `resampler`, `resampler-nocap`, `resampler-calcap`, `-os`, "
-         "`baseline`; `-ngram`/`-suffix` with ROLLOUT_SPECULATIVE", group=_G_RUN),
+         "`baseline`; `-ngram`/`-suffix` with ROLLOUT_SPECULATIVE, `-tools` with MULTI_TURN", group=_G_RUN),
     Knob("CKPT_ROOT", "path", str(REPO_ROOT / "checkpoints"), "trainer.default_local_dir=CKPT_ROOT/EXPERIMENT_NAME",
          "parent of the run directories (shared filesystem on multi-node)", default_doc="`<repo>/checkpoints`",
          group=_G_RUN),

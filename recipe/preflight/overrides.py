@@ -63,7 +63,7 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
     """
     o = _inputs(v) + _algorithm_and_batches(v)
     o += _cpu_platform(v) if is_cpu(v) else _megatron(v)
-    return o + _rollout(v) + _arms(v) + _run(v, paths)
+    return o + _rollout(v) + _multi_turn(v) + _arms(v) + _run(v, paths)
 
 
 def _inputs(v: dict) -> list[str]:
@@ -169,6 +169,20 @@ def _rollout(v: dict) -> list[str]:
         # defaults to the model's max_position_embeddings (verl vllm_async_server.py _validate_configs)
         f"{ARR}.rollout.max_model_len={v['MAX_PROMPT_LENGTH'] + v['MAX_RESPONSE_LENGTH']}",
     ] if is_cpu(v) else [])
+
+
+def _multi_turn(v: dict) -> list[str]:
+    """verl's multi-turn settings; the recipe's tool loop (configs/agent_loops.yaml) for rows without agent_name."""
+    mt = f"{ARR}.rollout.multi_turn"
+    if not v["MULTI_TURN"]:
+        return [f"{mt}.enable=False"]
+    return [
+        f"{mt}.enable=True",
+        f"{mt}.tool_config_path={hydra_quote(v['TOOL_CONFIG'], 'TOOL_CONFIG')}",
+        f"{mt}.format=hermes",  # Qwen3's <tool_call>{json}</tool_call>
+        f"{mt}.max_tool_response_length={v['TOOL_MAX_RESPONSE_CHARS']}",
+        f"{ARR}.rollout.agent.default_agent_loop=length_capped_tool_agent",
+    ]
 
 
 def _arms(v: dict) -> list[str]:

@@ -11,6 +11,7 @@ Heavy imports (tokenizers, transformers, torch, pyarrow) happen inside the build
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -43,10 +44,21 @@ def default_cache_dir() -> Path:
 
 
 def _atomic_build(final: Path, build: Callable[[Path], None], *, is_dir: bool) -> Path:
-    """Run ``build(tmp)`` on a temporary sibling of ``final`` and rename it into place; reuse ``final`` if present."""
+    """Run ``build(tmp)`` on a temporary sibling of ``final`` and rename it into place; reuse ``final`` if present.
+
+    One build at a time per artifact across processes (a lock file beside it): the test session and the e2e runs it
+    launches may ask for the same model at once, and a second build would only burn the CPU the first one needs."""
     if final.exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.exists():  # built by the process that held the lock
+            return final
+        return _build_into(final, build, is_dir=is_dir)
+
+
+def _build_into(final: Path, build: Callable[[Path], None], *, is_dir: bool) -> Path:
     if is_dir:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     else:

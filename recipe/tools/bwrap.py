@@ -15,7 +15,9 @@ What holds each hostile program (each pinned by a test in tests/tools/test_bwrap
   namespace, double-forked and ``setsid`` children included), ``--die-with-parent``, ``--new-session``, and
   RLIMIT_NPROC. The kernel never enforces RLIMIT_NPROC for host uid 0, not even inside a user namespace, so when
   this process is root, bwrap runs as ``sandbox_uid`` (65534, nobody) with ``--unshare-user``; the limit is set
-  inside the sandbox (the count is per user namespace, so concurrent sandboxes do not share one budget).
+  inside the sandbox (the count is per user namespace, so concurrent sandboxes do not share one budget). The uid is
+  dropped by util-linux's ``setpriv`` in front of bwrap, not by ``subprocess``'s ``user=``/``group=``: Ray's async
+  actors (verl's agent-loop workers) run on uvloop, whose ``subprocess_exec`` refuses those arguments.
 - limits: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0, set by a one-line Python
   launcher inside the sandbox right before it ``exec``s the program (no ``preexec_fn``: not safe in a threaded
   parent such as a Ray worker; no dependency on util-linux's ``prlimit``).
@@ -92,10 +94,12 @@ class BubblewrapBackend:
     def bwrap_path(self) -> str | None:
         return shutil.which(self.bwrap)
 
-    def _run_as(self) -> dict:
+    def _run_as(self) -> list[str]:
+        """The ``setpriv`` prefix that drops root to ``sandbox_uid`` (no supplementary groups); [] when not root."""
         if os.geteuid() == 0 and self.sandbox_uid is not None:
-            return {"user": self.sandbox_uid, "group": self.sandbox_uid, "extra_groups": []}
-        return {}
+            uid = self.sandbox_uid
+            return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        return []
 
     def _ro_paths(self) -> list[list[str]]:
         args: list[list[str]] = [["--ro-bind", "/usr", "/usr"]]
@@ -117,7 +121,7 @@ class BubblewrapBackend:
     def argv(self, code_fd: int, bwrap_help: str = "") -> list[str]:
         """The full bwrap command line; ``code_fd`` is a readable fd holding the program (copied in read-only)."""
         lim = self.limits
-        a = [self.bwrap_path() or self.bwrap]
+        a = self._run_as() + [self.bwrap_path() or self.bwrap]
         a += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
         a += ["--unshare-cgroup-try", "--hostname", "sandbox"]
         if "--disable-userns" in bwrap_help:  # bwrap >= 0.8: no nested user namespaces
@@ -181,7 +185,6 @@ class BubblewrapBackend:
                     env=BWRAP_ENV,
                     start_new_session=True,  # bwrap leads its own process group: killpg reaches all of it
                     cwd="/",
-                    **self._run_as(),
                 )
             except OSError as e:
                 return ExecResult(Status.SANDBOX_ERROR, detail=f"cannot start bwrap: {e}", backend=self.name)

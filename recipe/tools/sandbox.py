@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import threading
 
 from recipe.tools.bwrap import BubblewrapBackend
@@ -53,6 +54,9 @@ async def async_self_check(backend) -> str | None:
             f"bubblewrap is not installed ({backend.bwrap} not found): apt-get install bubblewrap "
             f"(or bash scripts/lib/install_sandbox.sh), or {DOCKER_FIX}"
         )
+    if isinstance(backend, BubblewrapBackend) and backend.sandbox_uid is not None and os.geteuid() == 0 \
+            and shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is not installed: apt-get install util-linux (it drops root to the sandbox's uid)"
     if isinstance(backend, BubblewrapBackend) and not os.access(backend.python, os.X_OK):
         return f"the sandbox's python {backend.python} is not executable here: set SANDBOX_PYTHON to a python3"
     if isinstance(backend, SandboxFusionBackend):
@@ -83,14 +87,26 @@ async def async_self_check(backend) -> str | None:
     return what
 
 
+def _event_loop_runner():
+    """uvloop's ``run`` where it is installed (Ray's async actors, verl's agent-loop workers, run on it, and it refuses
+    some subprocess arguments asyncio accepts), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
+
+
 def sandbox_self_check(backend="bubblewrap") -> str | None:
-    """Synchronous ``async_self_check`` for the preflight; safe to call from inside a running event loop too."""
+    """Synchronous ``async_self_check`` for the preflight, on the event loop the tools will run on; safe to call from
+    inside a running event loop too."""
+    run = _event_loop_runner()
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(async_self_check(backend))
+        return run(async_self_check(backend))
     out: list = []
-    t = threading.Thread(target=lambda: out.append(asyncio.run(async_self_check(backend))))
+    t = threading.Thread(target=lambda: out.append(run(async_self_check(backend))))
     t.start()
     t.join()
     return out[0] if out else "sandbox self-check crashed"

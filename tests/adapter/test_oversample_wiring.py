@@ -217,3 +217,23 @@ def test_a_response_that_stopped_before_the_abort_is_an_exact_length(tiny_artifa
     record = read_records(tmp_path / "run" / "length_traces.jsonl")[1]
     tail = record["finish"][TRAIN_BATCH * ROLLOUT_N:]
     assert sorted(set(tail)) == ["abort", "eos"] and tail.count("eos") == int(session0.sum())
+
+
+def test_a_rollout_gate_closes_before_the_abort_and_opens_after_the_resume(tiny_artifacts, tmp_path, tq_cluster):
+    """Multi-turn runs (``rollout_gate``): the settle closes the gate before vLLM's abort, so trajectories in a tool
+    call are cancelled and none starts a new turn; the resume opens it after generation is back."""
+    trainer = over_sampled_trainer(tiny_artifacts, tmp_path / "run", tq_cluster)
+    calls = trainer.checkpoint_manager.calls
+
+    class Gate:
+        def close(self):
+            calls.append(("gate", "close"))
+
+        def open(self):
+            calls.append(("gate", "open"))
+
+    trainer.over_sample.gate = Gate()
+    run_step(trainer, tq_cluster, 1)
+    names = [c if c[0] == "gate" else c[0] for c in calls]
+    assert names.index(("gate", "close")) == names.index("abort") - 1
+    assert names[-2:] == ["resume", ("gate", "open")]

@@ -91,7 +91,7 @@ def test_cuts_once_enough_responses_are_done_and_reports_which(tq_cluster, watch
     finish(tq_cluster, "other", range(N))  # another step's records do not count
     assert monitor.settled() and replicas.calls == []
     finish(tq_cluster, uids[4], [0])  # 17: cut
-    assert monitor.settled() and monitor.ended and replicas.calls == [("abort", False)]
+    assert monitor.settled() and monitor.ended and replicas.calls == [("abort", True)]
     finish(tq_cluster, uids[4], [1, 2, 3])  # the aborted ones come back as shorter responses
     metrics = monitor.stop(launched_responses=len(uids) * N)
     assert metrics == {"rollout/tail_cut/cut": 1.0, "rollout/tail_cut/cut_responses": 3.0}
@@ -117,7 +117,7 @@ def test_prompt_records_are_not_finished_responses(tq_cluster, watches, prompt_s
                                                           "global_steps": 1}
     assert monitor.settled() and replicas.calls == []
     finish(tq_cluster, uids[4], [0])  # 17 responses: cut
-    assert monitor.settled() and replicas.calls == [("abort", False)]
+    assert monitor.settled() and replicas.calls == [("abort", True)]
     assert monitor.done_at_cut == {f"{u}_{s}_0" for u in uids[:4] for s in range(N)} | {"p4_0_0"}
 
 
@@ -135,3 +135,32 @@ def test_a_step_that_finishes_on_its_own_is_not_cut(tq_cluster, watches):
     assert metrics == {"rollout/tail_cut/cut": 0.0, "rollout/tail_cut/cut_responses": 0.0}
     monitor.resume(replicas)
     assert replicas.calls == []
+
+
+class Gate:
+    """A DriverGate stand-in that records into the replicas' call log, so the order of gate and abort shows."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def close(self):
+        self.calls.append(("gate", "close"))
+
+    def open(self):
+        self.calls.append(("gate", "open"))
+
+
+def test_with_a_rollout_gate_the_cut_closes_it_before_aborting_and_opens_it_after_resuming(tq_cluster, watches):
+    """Multi-turn runs: tool calls in flight are cancelled by the gate, so it must close before vLLM's abort (a
+    trajectory between turns must not start a turn the abort would then miss) and open only once generation is
+    back (a turn started in between would park)."""
+    replicas = Replicas()
+    monitor = watches(TailCut(0.5))
+    monitor.gate = Gate(replicas.calls)
+    monitor.start(replicas, ["g"], level=1.0)
+    finish(tq_cluster, "g", [0, 1])  # 2 of 4: cut
+    assert monitor.settled() and replicas.calls == [("gate", "close"), ("abort", True)]
+    finish(tq_cluster, "g", [2, 3])
+    monitor.stop(launched_responses=N)
+    monitor.resume(replicas)
+    assert replicas.calls[2:] == [("resume",), ("gate", "open")]

@@ -22,8 +22,12 @@ from recipe.testing.cpu_runs import Launcher, Run, RunPool, require_success
 
 PARALLEL_ENV = "RECIPE_E2E_PARALLEL"
 
+# The single-turn runs use the CPU preset's random model: their assertions (responses at the length limit, the cap
+# halving them, a rising smoke reward) are written for it. The multi-turn runs use the trained one.
+RANDOM_MODEL = {"CPU_MODEL": "random"}
+
 # Checkpoints every 4 steps; the resampler run is killed mid-epoch 1 (steps 7-12) after global_step_8.
-CHECKPOINTS = {"SAVE_CKPT_ENABLE": "1", "TRAINER_SAVE_FREQ": "4", "MAX_CKPT_TO_KEEP": "10"}
+CHECKPOINTS = {"SAVE_CKPT_ENABLE": "1", "TRAINER_SAVE_FREQ": "4", "MAX_CKPT_TO_KEEP": "10", **RANDOM_MODEL}
 CHECKPOINT, KILL_AFTER_STEP = 8, 10
 
 # Over-sampling: 10 groups launched per step (8 + 25%), vLLM runs 16 sequences at a time, so the groups that lose the
@@ -33,7 +37,7 @@ CHECKPOINT, KILL_AFTER_STEP = 8, 10
 # whole prompts only on the CPU) admit a few requests per step, so the finishes spread and the losers are caught
 # mid-response.
 OVER_SAMPLE = {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25", "ROLLOUT_MAX_NUM_SEQS": "16",
-               "ROLLOUT_MAX_NUM_BATCHED_TOKENS": "128", "TOTAL_EPOCHS": "2"}
+               "ROLLOUT_MAX_NUM_BATCHED_TOKENS": "128", "TOTAL_EPOCHS": "2", **RANDOM_MODEL}
 OVER_SAMPLE_STEPS = 8
 
 # Speculative decoding in the control run (restart_without_sync_run): ngram drafting at every batch size, matching
@@ -41,6 +45,31 @@ OVER_SAMPLE_STEPS = 8
 # run's other claims hold as they would without it.
 SPECULATIVE = {"ROLLOUT_SPECULATIVE": "ngram", "ROLLOUT_SPECULATIVE_MAX_BATCH": "0",
                "ROLLOUT_SPECULATIVE_NGRAM_MIN": "1", "ROLLOUT_SPECULATIVE_NGRAM_MAX": "3"}
+
+
+# Multi-turn (MULTI_TURN=1: the trained tiny model on calculator problems through CappedToolAgentLoop). The calculator
+# answers after a sandboxed process has slept TOOL_LATENCY_S (recipe/testing/slow_tool.py), so a step's aborts find
+# trajectories in a tool call as well as mid-turn; every call's start and end go to the run's tool_events.jsonl.
+TOOL_LATENCY_S = 1.5
+MULTI_TURN_STEPS = 8
+
+
+def _multi_turn(name: str, extra: dict, args: tuple = ()):
+    def prepare(launcher: Launcher):
+        from recipe.testing.slow_tool import slow_tool_config
+
+        tools = slow_tool_config(launcher.base / name, TOOL_LATENCY_S)
+
+        def job(launcher: Launcher) -> Run:
+            run = launcher.run(name, {"MULTI_TURN": "1", "TOOL_CONFIG": str(tools), "TOTAL_EPOCHS": "2", **extra},
+                               args=(f"trainer.total_training_steps={MULTI_TURN_STEPS}", *args))
+            run.tool_events, run.tool_latency_s, run.steps = tools.parent / "tool_events.jsonl", TOOL_LATENCY_S, \
+                MULTI_TURN_STEPS
+            return run
+
+        return job
+
+    return prepare
 
 
 def _resampler(launcher: Launcher) -> Run:
@@ -83,7 +112,11 @@ def _restart_without_sync(launcher: Launcher):
 # fixture name -> (called in the main thread) -> the job a pool thread runs; longest first (the pool starts them in
 # this order): the resampler run is two launches.
 JOBS = {"resampler_run": lambda launcher: _resampler, "baseline_run": lambda launcher: _baseline,
-        "restart_without_sync_run": _restart_without_sync, "continue_run": lambda launcher: _continue}
+        "restart_without_sync_run": _restart_without_sync, "continue_run": lambda launcher: _continue,
+        "multi_turn_os_run": _multi_turn("mt-os", {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25"},
+                                         args=("recipe.over_sample.abort_events=1",)),
+        "multi_turn_tail_cut_run": _multi_turn("mt-tail-cut", {"TAIL_CUT_ENABLE": "1", "TAIL_CUT_FRACTION": "0.6",
+                                                               "TAIL_CUT_LEVEL_EXPONENT": "0"})}
 _session: dict = {}
 
 
@@ -160,6 +193,21 @@ def continue_run() -> Run:
     dumps the trained text of every step (``trainer.rollout_data_dir``, ``run.dumps``) and the driver writes one
     event per aborted group."""
     return _result("continue_run")
+
+
+@pytest.fixture(scope="session")
+def multi_turn_os_run() -> Run:
+    """``MULTI_TURN=1`` with over-sample ``restart`` and a calculator that takes TOOL_LATENCY_S in a sandboxed
+    process: aborts catch trajectories mid-turn and mid-tool. ``run.tool_events``: every tool call's start and end;
+    the driver's over_sample_events.jsonl: when each group was aborted."""
+    return _result("multi_turn_os_run")
+
+
+@pytest.fixture(scope="session")
+def multi_turn_tail_cut_run() -> Run:
+    """``MULTI_TURN=1`` with the tail cut at 60% of a step's trajectories and the same slow calculator: the cut
+    catches trajectories in a tool call and between turns; the step must still end (no deadlock)."""
+    return _result("multi_turn_tail_cut_run")
 
 
 @pytest.fixture(scope="session")

@@ -91,3 +91,15 @@ def test_load_traces_dtypes(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.touch()
     assert load_traces(empty).empty and tuple(load_traces(empty).columns) == TRACE_COLUMNS
+
+
+def test_multi_turn_fields_are_stored_per_response_and_length_checked(tmp_path):
+    turns = {"num_turns": [4, 2], "tool_calls": [1, None], "tool_tokens": [12, 0], "tool_s": [1.23456, 0.0]}
+    with LengthTraceWriter(tmp_path / "t.jsonl") as w:
+        rec = _append(w, 1, [40, 20], turns=turns)
+        assert rec["num_turns"] == [4, 2] and rec["tool_calls"] == [1, None] and rec["tool_tokens"] == [12, 0]
+        assert rec["tool_s"] == [1.2346, 0.0]
+        with pytest.raises(ValueError, match="tool_s has 1 entries for 2 lengths"):
+            _append(w, 2, [40, 20], turns={**turns, "tool_s": [1.0]})
+    with LengthTraceWriter(tmp_path / "u.jsonl") as w:
+        assert "num_turns" not in _append(w, 1, [5])  # single-turn records are unchanged

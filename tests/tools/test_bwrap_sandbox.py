@@ -396,3 +396,13 @@ def test_sigterm_from_inside_cannot_reach_the_host(sandbox):
     # Only the sandbox's own pid namespace is visible: killing "everything" kills the program itself at worst.
     assert r.status in (Status.OK, Status.KILLED)
     assert os.getpid() > 0 and signal.SIGKILL  # this process is still here
+
+
+def test_runs_on_uvloop_as_in_rays_async_actors(sandbox):
+    """verl's agent-loop workers are Ray async actors on uvloop, whose subprocess_exec refuses ``user=``/``group=``:
+    the sandbox must start there too (and, as root, still drop to its own uid)."""
+    uvloop = pytest.importorskip("uvloop")
+    result = uvloop.run(sandbox.run("import os\nprint(os.getuid(), os.getgid(), os.getgroups())"))
+    assert result.ok, result
+    if os.geteuid() == 0:  # root drops to nobody, without supplementary groups
+        assert result.stdout.strip() == "65534 65534 []"

@@ -1,0 +1,99 @@
+"""Multi-turn tool calling through verl's real loop on the CPU (``MULTI_TURN=1``): the trained tiny model calls the
+recipe's calculator (here slowed by a sandboxed process, ``run.tool_latency_s``) through ``CappedToolAgentLoop``.
+
+Two launches (conftest.py): over-sample ``restart`` (``multi_turn_os_run``) and the tail cut at 60%
+(``multi_turn_tail_cut_run``). Together they show: real tool calls in most trajectories, each taking the tool's real
+latency; the token budget respected; aborts that find trajectories mid-tool cancel the call and kill its process
+(every call logged as started has an end, ``cancelled`` ones at an abort), the settle not waiting for the tool; every
+prompt trained once per epoch; and a tail cut that ends each step instead of deadlocking on a trajectory that wants
+another turn.
+"""
+import json
+
+import pytest
+
+from recipe.cpu.preset import CPU_VALUES, MULTI_TURN_VALUES, N_TRAIN
+
+BATCH, N = int(CPU_VALUES["TRAIN_BATCH_SIZE"]), int(CPU_VALUES["ROLLOUT_N"])
+RESPONSE_LENGTH = int(MULTI_TURN_VALUES["MAX_RESPONSE_LENGTH"])
+STEPS_PER_EPOCH = N_TRAIN // BATCH
+
+
+def tool_calls(run) -> dict[str, list[dict]]:
+    calls: dict[str, list[dict]] = {}
+    for line in run.tool_events.read_text().splitlines():
+        e = json.loads(line)
+        calls.setdefault(e["call"], []).append(e)
+    return calls
+
+
+@pytest.fixture(params=["multi_turn_os_run", "multi_turn_tail_cut_run"], ids=["over-sample", "tail-cut"])
+def mt_run(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_trajectories_call_the_sandboxed_tool_within_their_budget(mt_run):
+    traces, metrics = mt_run.traces(), mt_run.metrics()
+    assert len(traces) == mt_run.steps
+    called = total = 0
+    for step, rec in traces.items():
+        trained = BATCH * N
+        limit = min(rec["cap"] or RESPONSE_LENGTH, RESPONSE_LENGTH)
+        assert max(rec["lengths"][:trained]) <= limit, f"step {step}: a trajectory over its budget {limit}"
+        for calls, tool_tokens, tool_s, n_turns in zip(rec["tool_calls"][:trained], rec["tool_tokens"][:trained],
+                                                        rec["tool_s"][:trained], rec["num_turns"][:trained]):
+            total += 1
+            if calls:
+                called += 1
+                assert tool_tokens > 0 and n_turns >= 3
+                assert tool_s >= calls * mt_run.tool_latency_s * 0.9, "the tool's sandboxed process really ran"
+        assert metrics[step]["rollout/tools/called_share"] == pytest.approx(
+            sum(bool(c) for c in rec["tool_calls"][:trained]) / trained)
+    assert called / total > 0.5, f"most trajectories call the tool ({called} of {total})"
+
+
+def test_every_tool_call_ends_and_aborts_cancel_calls_in_flight(mt_run):
+    calls = tool_calls(mt_run)
+    ends = {c: [e["event"] for e in events if e["event"] != "start"] for c, events in calls.items()}
+    assert all(events[0]["event"] == "start" for events in calls.values())
+    assert all(len(e) == 1 for e in ends.values()), "each started call has exactly one end: none left running"
+    assert any(e == ["cancelled"] for e in ends.values()), "some aborts found a trajectory in a tool call"
+
+
+def test_tool_calls_are_cancelled_at_the_abort(multi_turn_os_run):
+    """Each cancelled call ended within a second of an over-sample abort (the driver's event), not when the tool
+    would have answered."""
+    calls = tool_calls(multi_turn_os_run)
+    aborts = sorted({json.loads(line)["aborted_at"] for line in
+                     (multi_turn_os_run.run_dir / "over_sample_events.jsonl").read_text().splitlines()})
+    ended = [events[-1]["t"] for events in calls.values() if events[-1]["event"] == "cancelled"]
+    assert ended
+    for t in ended:
+        assert any(0 <= t - a < 1.0 for a in aborts), f"a call cancelled at {t} with no abort just before it"
+
+
+def test_over_sample_settles_without_waiting_for_tools_and_trains_every_prompt_once(multi_turn_os_run):
+    traces, metrics = multi_turn_os_run.traces(), multi_turn_os_run.metrics()
+    trained: dict[int, list[int]] = {}
+    for step, rec in traces.items():
+        kept = rec["rows"][:BATCH * N]
+        assert len(set(kept)) == BATCH
+        trained.setdefault(rec["epoch"], []).extend(set(kept))
+        m = metrics[step]
+        if m["rollout/over_sample/aborted_groups"]:
+            assert m["rollout/over_sample/engine_unfinished_after_settle"] == 0
+            assert m["rollout/over_sample/target_to_idle_s"] < multi_turn_os_run.tool_latency_s, \
+                f"step {step} waited for a tool"
+    assert sorted(trained[0]) == list(range(N_TRAIN)), "epoch 0: every prompt trained exactly once"
+    assert len(trained[1]) == len(set(trained[1]))
+    assert sum(m["rollout/over_sample/aborted_groups"] for m in metrics.values()) >= STEPS_PER_EPOCH - 2
+
+
+def test_the_tail_cut_ends_multi_turn_steps_and_trains_the_cut_trajectories(multi_turn_tail_cut_run):
+    traces, metrics = multi_turn_tail_cut_run.traces(), multi_turn_tail_cut_run.metrics()
+    cut_steps = [s for s, m in metrics.items() if m.get("rollout/tail_cut/cut")]
+    assert len(cut_steps) >= multi_turn_tail_cut_run.steps // 2, "the cut at 60% fires on most steps"
+    for step in cut_steps:
+        rec = traces[step]
+        assert len(rec["rows"]) == BATCH * N  # every trajectory trained, the cut ones too
+        assert rec["finish"].count("cut") == metrics[step]["rollout/tail_cut/cut_responses"] > 0
