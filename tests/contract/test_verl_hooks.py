@@ -1,5 +1,6 @@
 """Contract tests: every verl 0.9.1 hook the recipe uses, pinned. A failure names what to re-check on upgrade."""
 import importlib.metadata
+import inspect
 
 import pytest
 
@@ -14,6 +15,7 @@ from recipe.adapter.contract import (
 
 BASE = "verl.trainer.ppo.v1.trainer_base:PPOTrainer"
 SYNC = "verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync"
+TOOL_LOOP = "verl.experimental.agent_loop.tool_agent_loop:ToolAgentLoop"
 
 PARAMS = [
     # trainer hooks overridden by recipe/adapter/trainer.py
@@ -41,6 +43,14 @@ PARAMS = [
     # agent loop
     ("verl.experimental.agent_loop.single_turn_agent_loop:SingleTurnAgentLoop.run",
      ["self", "sampling_params", "priority", "**kwargs"], "recipe/adapter/agent_loop.py"),
+    # multi-turn: recipe/adapter/tool_agent_loop.py overrides these three
+    (f"{TOOL_LOOP}.run", ["self", "sampling_params", "priority", "**kwargs"], "CappedToolAgentLoop.run"),
+    (f"{TOOL_LOOP}._handle_generating_state", ["self", "agent_data", "sampling_params", "ignore_termination"],
+     "CappedToolAgentLoop._handle_generating_state (per-turn max_tokens and seed, aborted turns)"),
+    (f"{TOOL_LOOP}._handle_processing_tools_state", ["self", "agent_data"],
+     "CappedToolAgentLoop._handle_processing_tools_state (tools cancelled by the rollout gate)"),
+    ("verl.tools.tool_registry:load_all_tools", ["tool_config_path", "function_tool_path"],
+     "recipe/preflight/tools.py loads the tool config as the workers do"),
     # abort / resume for over-sampling
     ("verl.checkpoint_engine.base:CheckpointEngineManager.abort_replicas", ["self", "reject_request"],
      "the over-sample abort path"),
@@ -168,6 +178,38 @@ def test_vllm_server_abort_api():
     from verl.workers.rollout.replica import TokenOutput
 
     assert {"token_ids", "log_probs", "stop_reason", "extra_fields"} <= set(TokenOutput.model_fields)
+
+
+def test_tool_agent_loop_behaviour_the_capped_loop_relies_on():
+    """What CappedToolAgentLoop's overrides assume of verl's ToolAgentLoop (recipe/adapter/tool_agent_loop.py)."""
+    recheck = "recipe/adapter/tool_agent_loop.py"
+    # the budget: verl checks self.response_length after each turn and each tool reply, and cuts the output with it
+    check_source(f"{TOOL_LOOP}._handle_generating_state",
+                 ["len(agent_data.response_mask) >= self.response_length", "self.server_manager.generate(",
+                  "self.tool_parser.extract_tool_calls(", "agent_data.assistant_turns += 1"], recheck)
+    check_source(f"{TOOL_LOOP}._handle_processing_tools_state",
+                 ["if len(response_mask) >= self.response_length:", "agent_data.tool_calls[: self.max_parallel_calls]",
+                  "return AgentState.GENERATING"], recheck)
+    check_source(f"{TOOL_LOOP}.run", ["response_ids[: self.response_length]",
+                                      "agent_data.prompt_ids[-len(agent_data.response_mask) :]"], recheck)
+    # verl's loop does not forward the priority itself (else the client would get it twice)
+    check_source(f"{TOOL_LOOP}._handle_generating_state", ["sampling_params=sampling_params,"], recheck)
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+
+    assert "priority=" not in inspect.getsource(ToolAgentLoop._handle_generating_state)
+    # the client passes a per-request priority on to the vLLM server
+    check_source("verl.workers.rollout.llm_server:LLMServerClient.generate",
+                 ['priority = kwargs.pop("priority", 0)'], recheck)
+    # a tool exception becomes an error reply, but cancellation (BaseException) propagates to the gate's race
+    check_source(f"{TOOL_LOOP}._call_tool", ["except Exception as e:"], recheck)
+
+
+def test_vllm_server_rejects_late_requests_when_asked():
+    """The tail cut aborts with reject_request=True: a turn that arrives behind the closed gate gets an empty aborted
+    reply at once instead of parking until the resume after the step (a multi-turn deadlock)."""
+    check_module_source("verl.workers.rollout.vllm_rollout.vllm_async_server",
+                        ["if self._rejecting:", 'stop_reason="aborted"', "self._rejecting = reject_request",
+                         "await self._resume_event.wait()"], "recipe/adapter/tail_cut.py")
 
 
 def test_custom_dataset_class_hook():

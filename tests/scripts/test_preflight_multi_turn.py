@@ -73,7 +73,7 @@ def test_the_python_tool_passes_where_bubblewrap_runs(env_30b):
 
 @pytest.mark.parametrize("extra, model, data, reward, response", [
     ({}, "qwen3moe-sft-", "countdown-train", "math_reward.py", 160),
-    ({"CPU_MODEL": "random"}, "qwen3moe-v", "math-train", "smoke_reward.py", 32),
+    ({"CPU_MODEL": "random"}, "qwen3moe-v", "train-n48", "smoke_reward.py", 32),
     ({"MULTI_TURN": "1"}, "qwen3moe-sft-", "calculator-train", "tool_use_reward.py", 96),
 ])
 def test_the_cpu_presets_three_flavours(tmp_path, extra, model, data, reward, response):
