@@ -10,7 +10,8 @@ Per step (``LengthAwareTrainer`` calls these from verl's hooks):
   (``engine_unfinished_after_settle``, 0 after a clean abort), read their partial lengths
   (censored observations for the estimates, and ``abort`` entries of the step's length trace), drop them from
   TransferQueue and re-queue their prompts into the epoch. On multi-turn runs the rollout gate closes first
-  (``recipe.adapter.rollout_gate``): tool calls in flight are cancelled, so the settle never waits on a tool. ``resume`` (from ``on_step_end``, after the weight update) re-opens generation.
+  (``recipe.adapter.rollout_gate``): tool calls in flight are cancelled, so the settle never waits on a tool.
+  ``resume`` (from ``on_step_end``, after the weight update) re-opens generation (and the gate).
 * ``continue`` mode: an aborted group's trajectories stay in TransferQueue and its row carries a ``PartialRef`` the
   next time it is launched (``partial_for``); its agent loops resume each response (recipe/adapter/partial.py).
   The old trajectories are cleared once the resumed launch has settled. Partial responses are driver memory only:

@@ -6,7 +6,8 @@ meet the closed server; the tool's process would run on after the step had moved
 just before it aborts and opens it when it resumes generation; ``CappedToolAgentLoop`` races each tool stage against
 the gate and cancels it (the sandbox's process group is killed on cancel, ``recipe.tools.sandbox``) when it closes.
 
-One named Ray actor per run (:func:`create_gate`, by the trainer when over-sampling or the tail cut is on). Each
+One named Ray actor per run (:func:`create_gate`, by the trainer when over-sampling or the tail cut is on; verl's
+``ray.init`` sets no namespace, so each job has its own and two runs on one cluster never share a gate). Each
 agent-loop worker process holds one long poll on it (:class:`GateWatch`), however many trajectories it runs: the
 actor sees one pending call per worker, not one per tool call. Without the actor (both features off, verl's own
 tests) :func:`gate_watch` returns None and tools are never cancelled.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 
 logger = logging.getLogger(__name__)
 
@@ -120,18 +122,17 @@ class _ActorSource:
         return tuple(await self.handle.wait_change.remote(version))
 
 
-_watches: dict[int, GateWatch | None] = {}
+_watches: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GateWatch | None]" = weakref.WeakKeyDictionary()
 
 
 async def gate_watch() -> GateWatch | None:
     """This process's watch (one per event loop), or None when the run has no gate actor."""
     loop = asyncio.get_running_loop()
-    key = id(loop)
-    if key not in _watches:
+    if loop not in _watches:
         handle = await asyncio.to_thread(_find_actor)
-        if key not in _watches:  # another trajectory of this loop may have created it meanwhile
-            _watches[key] = GateWatch(_ActorSource(handle)) if handle is not None else None
-    return _watches[key]
+        if loop not in _watches:  # another trajectory of this loop may have created it meanwhile
+            _watches[loop] = GateWatch(_ActorSource(handle)) if handle is not None else None
+    return _watches[loop]
 
 
 def _find_actor():

@@ -34,12 +34,12 @@ from .agent_loop import row_int
 from .fields import CAP, PARTIAL, SEED
 from .partial import PartialRef
 from .rollout_gate import GateWatch, gate_watch
+from .turns import TOOL_CALLS
 
 logger = logging.getLogger(__name__)
 
 TOOL_AGENT_LOOP_NAME = "length_capped_tool_agent"
 ABORTED = "aborted"
-TOOL_CALLS = "tool_calls"
 
 
 class _TurnClient:

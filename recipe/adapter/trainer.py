@@ -19,6 +19,10 @@ Only small hook overrides, each pinned by tests/contract:
 * over-sampling (``recipe.over_sample.enable``): ``prepare_step`` launches the extra prompts, ``on_sample_end``
   aborts and re-queues the groups that lost the race before the replicas sleep, ``on_step_end`` resumes generation
   after the weight update (see ``recipe/adapter/oversample.py``).
+* multi-turn (``actor_rollout_ref.rollout.multi_turn.enable``): with over-sampling or the tail cut, a rollout gate
+  (``recipe/adapter/rollout_gate.py``) that both close before they abort, so the agent loops cancel tool calls in
+  flight; ``step`` reads each trajectory's turns, tool calls, tool tokens and tool time into the traces and
+  ``rollout/tools/*`` (``recipe/adapter/turns.py``).
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ from .rollout_gate import create_gate
 from .sampler import LengthAwareEpochSampler
 from .spec_metrics import SpecAcceptanceMeter, trace_fields
 from .tail_cut import TailCutMonitor
+from .turns import trajectory_turns, turn_metrics
 from .warm_start import WarmStartReport, warm_start
 
 logger = logging.getLogger(__name__)
@@ -365,35 +370,6 @@ def preemptions(data) -> np.ndarray | None:
         return None
     values = [m.get("num_preempted") if isinstance(m, dict) else None for m in list(data["metrics"])]
     return np.array([-1 if v is None else int(v) for v in values], np.int64)
-
-
-def trajectory_turns(data, lengths: np.ndarray) -> dict[str, list]:
-    """Per trained trajectory (multi-turn): verl's ``num_turns``, the tool calls whose replies joined it
-    (``CappedToolAgentLoop``'s ``extra_fields.tool_calls``; None for other loops), its tokens with mask 0 (tool
-    replies and turn markers) and its tool wall time (verl's ``metrics.tool_calls``, seconds)."""
-    masks = data["response_mask"]
-    masks = masks.unbind() if getattr(masks, "is_nested", False) else list(masks)
-    extra = [e if isinstance(e, dict) else {} for e in list(data["extra_fields"])]
-    metrics = [m if isinstance(m, dict) else {} for m in list(data["metrics"])]
-    return {
-        "num_turns": [int(t) for t in column_to_numpy(data["num_turns"], dtype=np.int64)],
-        "tool_calls": [e.get("tool_calls") for e in extra],
-        "tool_tokens": [int(n) - int(m[:int(n)].sum()) for n, m in zip(lengths.tolist(), masks)],
-        "tool_s": [float(m.get("tool_calls", 0.0)) for m in metrics],
-    }
-
-
-def turn_metrics(turns: dict[str, list]) -> dict[str, float]:
-    """The step's ``rollout/tools/*``: mean tool calls, the share of trajectories that called a tool, mean tool tokens
-    and tool seconds per trajectory."""
-    calls = np.array([np.nan if c is None else c for c in turns["tool_calls"]], dtype=np.float64)
-    known = calls[np.isfinite(calls)]
-    out = {"rollout/tools/tool_tokens_mean": float(np.mean(turns["tool_tokens"])),
-           "rollout/tools/tool_s_mean": float(np.mean(turns["tool_s"]))}
-    if known.size:
-        out["rollout/tools/calls_mean"] = float(known.mean())
-        out["rollout/tools/called_share"] = float((known > 0).mean())
-    return out
 
 
 def stop_token_ids(tokenizer) -> set[int]:

@@ -12,6 +12,7 @@ Heavy imports (tokenizers, transformers, torch, pyarrow) happen inside the build
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import random
 import shutil
@@ -46,12 +47,16 @@ def default_cache_dir() -> Path:
 def _atomic_build(final: Path, build: Callable[[Path], None], *, is_dir: bool) -> Path:
     """Run ``build(tmp)`` on a temporary sibling of ``final`` and rename it into place; reuse ``final`` if present.
 
-    One build at a time per artifact across processes (a lock file beside it): the test session and the e2e runs it
-    launches may ask for the same model at once, and a second build would only burn the CPU the first one needs."""
+    One build at a time per artifact across processes: the test session and the e2e runs it launches may ask for the
+    same model at once, and a second build would only burn the CPU the first one needs. The lock files live in the
+    temp directory (named by the artifact's path), so the cache holds only finished artifacts."""
     if final.exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / f".{final.name}.lock", "w") as lock:
+    locks = Path(tempfile.gettempdir()) / "recipe-fixture-locks"
+    locks.mkdir(exist_ok=True)
+    key = hashlib.sha1(str(final.resolve()).encode()).hexdigest()[:16]
+    with open(locks / f"{final.name}.{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if final.exists():  # built by the process that held the lock
             return final

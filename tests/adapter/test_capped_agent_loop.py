@@ -22,7 +22,8 @@ pytestmark = pytest.mark.engine
 
 def test_agent_loops_yaml_registers_the_capped_loop_as_verl_loads_it(recipe_config):
     entries = OmegaConf.load(recipe_config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
-    assert [e.name for e in entries] == [AGENT_LOOP_NAME]
+    # the single-turn loop, and the multi-turn one under its own name and verl's (tests/adapter/test_tool_agent_loop.py)
+    assert [e.name for e in entries] == [AGENT_LOOP_NAME, "length_capped_tool_agent", "tool_agent"]
     assert recipe_config.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_LOOP_NAME
     assert hydra.utils.get_class(entries[0]._target_) is CappedSingleTurnAgentLoop
 

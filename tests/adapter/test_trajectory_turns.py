@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.adapter.trainer import trajectory_turns, turn_metrics
+from recipe.adapter.turns import trajectory_turns, turn_metrics
 
 
 def test_turn_signals_from_the_records():
