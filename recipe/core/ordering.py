@@ -174,7 +174,7 @@ class EpochPlan:
         self.seed = int(state["seed"])
 
 
-# -- multi-turn: order by expected time instead of tokens (issue 18 item 6; not wired into the sampler yet) --------
+# -- multi-turn: order by expected time instead of tokens (issue 18 item 6; recipe/core/time_key.py) ---------------
 ORDER_KEYS = ("tokens", "time")
 
 

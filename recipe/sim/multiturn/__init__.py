@@ -45,8 +45,9 @@ tool call that was in flight at the abort is issued again (its latency is paid a
 
 Ordering by expected time (issue 18 item 6): ``MTOptions(order_by="time")`` sorts an epoch by
 ``recipe.core.ordering.expected_time_key``: the row's token estimate plus its tool-call estimate times the mean tool
-latency the run has observed, in tokens (times ``tokens_per_s``). Everything else (estimates, caps, the cut,
-over-sampling) is the single-turn ``Policy`` from ``recipe.sim.policies`` unchanged, on trajectory totals.
+latency the run has observed, in tokens (times ``tokens_per_s``), through the trainer's own
+``recipe.core.time_key.TimeKeyEstimates``. Everything else (estimates, caps, the cut, over-sampling) is the
+single-turn ``Policy`` from ``recipe.sim.policies`` unchanged, on trajectory totals.
 
 Modules: :mod:`.trace` (shapes and draws), :mod:`.engine` (the replica model), :mod:`.run` (policies and the driver),
 ``python -m recipe.sim.multiturn`` (:mod:`.__main__`).

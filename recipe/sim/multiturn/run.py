@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recipe.core.estimates import LengthEstimates
-from recipe.core.ordering import ORDER_KEYS, expected_time_key
+from recipe.core.ordering import ORDER_KEYS
+from recipe.core.time_key import TimeKeyEstimates
 
 from ..engine import EngineParams
 from ..policies import POLICIES, Policy, PolicySpec
@@ -27,61 +27,28 @@ class MTOptions:
             raise ValueError(f"order_by must be one of {ORDER_KEYS} and tokens_per_s > 0")
 
 
-class TimeKeyEstimates:
-    """What ``EpochPlan`` reads (``known``, ``filled``, ``get``, ``num_rows``), with the time key in place of the
-    token estimate; the token estimates themselves are unchanged (caps, the cut's level and priorities use them)."""
-
-    def __init__(self, policy: MTPolicy):
-        self.policy = policy
-
-    @property
-    def num_rows(self) -> int:
-        return self.policy.estimates.num_rows
-
-    @property
-    def known(self) -> np.ndarray:
-        return self.policy.estimates.known
-
-    def get(self, rows, fill_prior: bool = True) -> np.ndarray:
-        pol = self.policy
-        calls = np.nan_to_num(pol.calls.get(rows, fill_prior), nan=0.0)
-        return expected_time_key(pol.estimates.get(rows, fill_prior), calls, pol.mean_latency(),
-                                 pol.opts.tokens_per_s)
-
-    def filled(self) -> np.ndarray:
-        return self.get(np.arange(self.num_rows))
-
-    def state_dict(self) -> dict:
-        return self.policy.estimates.state_dict()
-
-
 class MTPolicy(Policy):
-    """``Policy`` on trajectory totals, plus per-row tool-call estimates and the run's mean tool latency (what the
-    time key needs; the trainer would read both from verl's per-trajectory ``num_turns`` and tool timings)."""
+    """``Policy`` on trajectory totals, plus the per-row tool-call estimates and the run's mean tool latency that the
+    time key needs (``recipe.core.time_key.TimeKeyEstimates``, as the trainer's sampler holds them with
+    ``order_by=time``); tracked under either order, the plan sorts by them only with ``order_by=time``."""
 
     def __init__(self, spec: PolicySpec, opts: MTOptions, *, mt_previous: MTTrace | None = None, **kw):
         super().__init__(spec, previous=None if mt_previous is None else mt_previous.as_trace(), **kw)
         self.opts = opts
-        self.calls = LengthEstimates(self.estimates.num_rows, ema_decay=spec.ema_decay, statistic="mean")
-        self.latency_sum, self.latency_count = 0.0, 0
+        self.time_key = TimeKeyEstimates(self.estimates, opts.tokens_per_s)
         if spec.warm_start != "none" and mt_previous is not None:  # its first epoch, as the token estimates
             calls = mt_previous.calls[0]
-            rows = np.repeat(np.arange(calls.shape[0]), calls.shape[1])
-            self.calls.warm_start(rows, calls.ravel(), (mt_previous.totals[0] >= mt_previous.response_length).ravel())
-            done = mt_previous.seg[0][..., 1::2] > 0
-            self.latency_sum, self.latency_count = float(mt_previous.lat[0][done].sum()), int(done.sum())
+            tool_s = np.where(mt_previous.seg[0][..., 1::2] > 0, mt_previous.lat[0], 0.0).sum(axis=-1)
+            self.time_key.warm_start(np.repeat(np.arange(calls.shape[0]), calls.shape[1]), calls.ravel(),
+                                     tool_s.ravel(), (mt_previous.totals[0] >= mt_previous.response_length).ravel())
         if opts.order_by == "time" and spec.order == "plan":
-            self.plan.estimates = TimeKeyEstimates(self)
-
-    def mean_latency(self) -> float:
-        return self.latency_sum / self.latency_count if self.latency_count else 0.0
+            self.plan.estimates = self.time_key
 
     def observe_mt(self, plan, lengths, kept, stopped, calls, latency_sum, latency_count):
         resp = self.observe(plan, lengths, kept, stopped)
         n = lengths.shape[1]
-        self.calls.update(np.repeat(plan.rows[kept], n), calls[kept].ravel(), resp.censored())
-        self.latency_sum += float(latency_sum)
-        self.latency_count += int(latency_count)
+        self.time_key.update_calls(np.repeat(plan.rows[kept], n), calls[kept].ravel(), resp.censored())
+        self.time_key.add_latency(float(latency_sum), int(latency_count))
         return resp
 
 
