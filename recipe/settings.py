@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from .core.cap import CAP_MODES
 from .core.estimates import parse_statistic
-from .core.ordering import WITHIN_BUCKET
+from .core.ordering import ORDER_KEYS, WITHIN_BUCKET
 
 SAMPLER_CLASS_PATH = "pkg://recipe.adapter.sampler"
 SAMPLER_CLASS_NAME = "LengthAwareEpochSampler"
@@ -37,6 +37,8 @@ ENV_OF_KEY = {
     "data.sampler.ema_decay": "SAMPLER_EMA_DECAY",
     "data.sampler.shuffle_batch_blocks": "SAMPLER_SHUFFLE_BATCH_BLOCKS",
     "data.sampler.statistic": "SAMPLER_STATISTIC",
+    "data.sampler.order_by": "SAMPLER_ORDER_BY",
+    "data.sampler.time_tokens_per_s": "SAMPLER_TIME_TOKENS_PER_S",
     "data.train_batch_size": "TRAIN_BATCH_SIZE",
     "data.gen_batch_size": "GEN_BATCH_SIZE",
     "recipe.sampling_seed": "ROLLOUT_SAMPLING_SEED",
@@ -126,6 +128,10 @@ class SamplerSettings:
     within_bucket: str
     init_from: str | None  # an earlier run's length_traces.jsonl (or its run directory): warm-started estimates
     prior_column: str | None  # a train-file column of expected lengths per row
+    order_by: str  # tokens | time: epochs sorted by expected rollout time (multi-turn; recipe/core/time_key.py)
+    # order_by=time: tool seconds in tokens (one sequence's decode speed); default 120, the simulator's tuned value
+    # (bench/sim_multiturn.py, docs/results.md)
+    time_tokens_per_s: float
 
 
 @dataclass(frozen=True)
@@ -218,10 +224,17 @@ def parse_sampler(cfg: Mapping) -> SamplerSettings:
         within_bucket=str(s.get("within_bucket", "sorted")),
         init_from=_optional_str(s.get("init_from")),
         prior_column=_optional_str(s.get("prior_column")),
+        order_by=str(s.get("order_by", "tokens")),
+        time_tokens_per_s=as_float(s.get("time_tokens_per_s", 120.0), "data.sampler.time_tokens_per_s", low=0,
+                                   low_open=True),
     )
     if out.within_bucket not in WITHIN_BUCKET:
         raise RecipeConfigError(
             f"data.sampler.within_bucket must be one of {WITHIN_BUCKET}, got {out.within_bucket!r}")
+    if out.order_by not in ORDER_KEYS:
+        raise RecipeConfigError(
+            f"{_where('data.sampler.order_by')} must be one of {ORDER_KEYS}, got {out.order_by!r}; e.g. "
+            "SAMPLER_ORDER_BY=tokens (the default: the simulator found ordering by time no faster)")
     if enabled:
         if as_bool(select(cfg, "data.shuffle", False), "data.shuffle"):
             raise RecipeConfigError(

@@ -5,6 +5,10 @@ verl 0.9.1 builds its train ``StatefulDataLoader`` with torchdata; the trainer a
 checkpoint's ``data.pt`` and on load calls ``load_state_dict`` then ``iter()`` (more than once) without
 fast-forwarding, so the sampler keeps epoch, order, position and estimates itself, and decides what to do only when
 the first index is requested (iterators created and dropped during a restore change nothing).
+
+``order_by="time"`` (multi-turn) sorts epochs by expected rollout time (``recipe.core.time_key``): the plan holds a
+``TimeKeyEstimates`` around the token estimates, and the tool calls and tool seconds ``update`` receives travel in
+its state. ``estimates`` stays the token estimates either way (caps, the tail cut's level, priorities).
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import torch
 from torch.utils.data import Sampler
 
 from ..core.estimates import GroupObservation, LengthEstimates
-from ..core.ordering import EpochPlan
+from ..core.ordering import ORDER_KEYS, EpochPlan
+from ..core.time_key import TimeKeyEstimates
 
 
 def _to_torch(obj: Any) -> Any:
@@ -59,10 +64,16 @@ class LengthAwareEpochSampler(Sampler[int]):
         statistic: str = "mean",
         seed: int = 0,
         within_bucket: str = "sorted",
+        order_by: str = "tokens",
+        time_tokens_per_s: float = 120.0,
     ):
+        if order_by not in ORDER_KEYS:
+            raise ValueError(f"order_by {order_by!r} is not one of {ORDER_KEYS}")
         self.num_rows = len(data_source)
+        self._tokens = LengthEstimates(self.num_rows, ema_decay=ema_decay, statistic=statistic)
+        self.time_key = TimeKeyEstimates(self._tokens, time_tokens_per_s) if order_by == "time" else None
         self.plan = EpochPlan(
-            LengthEstimates(self.num_rows, ema_decay=ema_decay, statistic=statistic),
+            self.time_key or self._tokens,
             batch_size=batch_size,
             bucket_size=bucket_size,
             shuffle_batch_blocks=shuffle_batch_blocks,
@@ -85,11 +96,14 @@ class LengthAwareEpochSampler(Sampler[int]):
             statistic=s.statistic,
             seed=s.seed,
             within_bucket=s.within_bucket,
+            order_by=s.order_by,
+            time_tokens_per_s=s.time_tokens_per_s,
         )
 
     @property
     def estimates(self) -> LengthEstimates:
-        return self.plan.estimates
+        """The token estimates (what caps and priorities read), whatever the epoch is ordered by."""
+        return self._tokens
 
     def __len__(self) -> int:
         return self.num_rows
@@ -108,9 +122,15 @@ class LengthAwareEpochSampler(Sampler[int]):
             plan.position += 1
             yield idx
 
-    def update(self, row_ids, lengths, censored=None) -> GroupObservation:
-        """Fold one step's responses into the estimates (called by the trainer before the checkpoint save)."""
-        return self.plan.estimates.update(row_ids, lengths, censored)
+    def update(self, row_ids, lengths, censored=None, tool_calls=None, tool_s=None) -> GroupObservation:
+        """Fold one step's responses into the estimates (called by the trainer before the checkpoint save).
+
+        ``tool_calls`` and ``tool_s`` (per response; NaN calls: not reported) feed the time key with
+        ``order_by=time`` and are ignored otherwise; responses without them (over-sample aborts) leave it as is."""
+        obs = self._tokens.update(row_ids, lengths, censored)
+        if self.time_key is not None and tool_calls is not None:
+            self.time_key.observe(row_ids, tool_calls, tool_s, censored)
+        return obs
 
     def state_dict(self) -> dict:
         return _to_torch({"plan": self.plan.state_dict(), "extra": self.extra_state, "num_rows": self.num_rows})

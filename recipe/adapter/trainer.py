@@ -22,7 +22,8 @@ Only small hook overrides, each pinned by tests/contract:
 * multi-turn (``actor_rollout_ref.rollout.multi_turn.enable``): with over-sampling or the tail cut, a rollout gate
   (``recipe/adapter/rollout_gate.py``) that both close before they abort, so the agent loops cancel tool calls in
   flight; ``step`` reads each trajectory's turns, tool calls, tool tokens and tool time into the traces and
-  ``rollout/tools/*`` (``recipe/adapter/turns.py``).
+  ``rollout/tools/*`` (``recipe/adapter/turns.py``), and the tool calls and time into the sampler, whose time key
+  orders epochs with ``data.sampler.order_by=time``.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ from .rollout_gate import create_gate
 from .sampler import LengthAwareEpochSampler
 from .spec_metrics import SpecAcceptanceMeter, trace_fields
 from .tail_cut import TailCutMonitor
-from .turns import trajectory_turns, turn_metrics
+from .turns import tool_observations, trajectory_turns, turn_metrics
 from .warm_start import WarmStartReport, warm_start
 
 logger = logging.getLogger(__name__)
@@ -115,7 +116,8 @@ class LengthAwareTrainer(PPOTrainerSync):
         if not self.settings.sampler.enabled:
             return
         self.length_sampler = LengthAwareEpochSampler.from_settings(self.train_dataset, self.settings)
-        self.warm_start = warm_start(self.length_sampler.estimates, self.cap_policy, self.train_dataset, self.settings)
+        self.warm_start = warm_start(self.length_sampler.estimates, self.cap_policy, self.train_dataset, self.settings,
+                                     self.length_sampler.time_key)
         if self.warm_start is not None:
             print(f"[recipe] {self.warm_start.line(self.length_sampler.num_rows)}", file=sys.stderr, flush=True)
         os_cfg = self.settings.over_sample
@@ -306,11 +308,14 @@ class LengthAwareTrainer(PPOTrainerSync):
         """Update estimates and cap calibration from one step's trained responses; return the step's recipe metrics.
         ``aborted`` (the over-sampler's aborted partial responses, already folded into the estimates as censored
         observations) only joins the step's length trace, as ``abort`` entries. ``turns`` (multi-turn runs:
-        :func:`trajectory_turns` of the trained responses) joins the trace and the step's ``rollout/tools/*``."""
+        :func:`trajectory_turns` of the trained responses) joins the trace and the step's ``rollout/tools/*``, and
+        its tool calls and tool seconds the sampler's time key (single-turn steps: no calls)."""
         obs = None
         epoch = (self.global_steps - 1) // max(self.steps_per_epoch, 1)
         if self.length_sampler is not None:
-            obs = self.length_sampler.update(resp.rows, resp.lengths, resp.censored())
+            calls, tool_s = tool_observations(turns, len(resp.rows))
+            obs = self.length_sampler.update(resp.rows, resp.lengths, resp.censored(), tool_calls=calls,
+                                             tool_s=tool_s)
             epoch = self.length_sampler.plan.epoch
             if self.cap_policy is not None:
                 self.cap_policy.observe_step(epoch, resp)
@@ -324,6 +329,8 @@ class LengthAwareTrainer(PPOTrainerSync):
         if self.length_sampler is not None:
             m["sampler/seen_ratio"] = self.length_sampler.estimates.seen_ratio()
             m["sampler/known_ratio"] = self.length_sampler.estimates.known_ratio()
+            if self.length_sampler.time_key is not None:
+                m["sampler/mean_tool_latency_s"] = self.length_sampler.time_key.mean_latency_s()
         if self.warm_start is not None:
             m["sampler/warm_started_rows"] = float(self.warm_start.rows)
         if turns is not None:

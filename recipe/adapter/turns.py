@@ -30,6 +30,15 @@ def trajectory_turns(data, lengths: np.ndarray) -> dict[str, list]:
     }
 
 
+def tool_observations(turns: dict[str, list] | None, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per trained response: tool calls (NaN where the loop does not report them) and tool seconds, what the
+    sampler's time key folds in; a single-turn step (``turns`` None) made no calls."""
+    if turns is None:
+        return np.zeros(count), np.zeros(count)
+    calls = np.array([np.nan if c is None else c for c in turns["tool_calls"]], dtype=np.float64)
+    return calls, np.asarray(turns["tool_s"], dtype=np.float64)
+
+
 def turn_metrics(turns: dict[str, list]) -> dict[str, float]:
     """The step's ``rollout/tools/*``: mean tool calls, the share of trajectories that called a tool, mean tool tokens
     and tool seconds per trajectory."""

@@ -273,6 +273,13 @@ KNOBS: tuple[Knob, ...] = (
          "batches after sorting", group=_G_RECIPE),
     Knob("SAMPLER_STATISTIC", "str", "mean", "data.sampler.statistic", "group statistic: mean, max, median or pNN",
          group=_G_RECIPE),
+    Knob("SAMPLER_ORDER_BY", "choice", "tokens", "data.sampler.order_by", "`tokens`: sort epochs by estimated "
+         "response tokens; `time`: by expected rollout time, tokens + estimated tool calls x the run's mean tool "
+         "latency (multi-turn; the simulator found it no faster, docs/results.md)", choices=("tokens", "time"),
+         group=_G_RECIPE),
+    Knob("SAMPLER_TIME_TOKENS_PER_S", "float", "120", "data.sampler.time_tokens_per_s", "SAMPLER_ORDER_BY=time: "
+         "decode tokens per second of one sequence, to put tool seconds in tokens (> 0; 120: the simulator's tuned "
+         "value)", minimum=0, group=_G_RECIPE),
     Knob("OVER_SAMPLE_ENABLE", "bool", "0", "recipe.over_sample.enable", "over-sample and abort the slowest groups",
          group=_G_RECIPE),
     Knob("OVER_SAMPLE_RATIO", "float", "0.25", "recipe.over_sample.ratio", "extra prompts per batch (share)",

@@ -199,6 +199,8 @@ def _arms(v: dict) -> list[str]:
         f"data.sampler.ema_decay={v['SAMPLER_EMA_DECAY']}",
         f"data.sampler.shuffle_batch_blocks={_b(v['SAMPLER_SHUFFLE_BATCH_BLOCKS'])}",
         f"data.sampler.statistic={hydra_quote(v['SAMPLER_STATISTIC'], 'SAMPLER_STATISTIC')}",
+        f"data.sampler.order_by={v['SAMPLER_ORDER_BY']}",
+        f"data.sampler.time_tokens_per_s={v['SAMPLER_TIME_TOKENS_PER_S']}",
         f"recipe.cap.enable={0 if baseline else int(v['VLLM_ROLLOUT_EARLY_STOP_ENABLE'])}",
         f"recipe.cap.mode={v['VLLM_ROLLOUT_EARLY_STOP_MODE']}",
         f"recipe.cap.budget.budget={v['VLLM_ROLLOUT_EARLY_STOP_BUDGET']}",

@@ -39,6 +39,13 @@ class PreflightReport:
 
 
 
+def _time_order(sampler: Mapping) -> str:
+    """The sampler row's note when epochs are ordered by expected time (SAMPLER_ORDER_BY=time)."""
+    if sampler.get("order_by") != "time":
+        return ""
+    return f", ordered by time at {sampler.get('time_tokens_per_s')} tokens/s"
+
+
 def summary_table(c: Mapping, v: dict, layout: dict, hf: dict | None, report: PreflightReport
                   ) -> list[tuple[str, str]]:
     r = lambda k: select(c, f"{ARR}.rollout.{k}")  # noqa: E731
@@ -64,7 +71,8 @@ def summary_table(c: Mapping, v: dict, layout: dict, hf: dict | None, report: Pr
                     f"{r('log_prob_max_token_len_per_gpu')}"),
         ("sampler", "verl's own (baseline)" if not sampler.get("class_path") else
                     f"{sampler.get('class_name')} (bucket {sampler.get('bucket_size')}, ema {sampler.get('ema_decay')}"
-                    f", shuffle blocks {sampler.get('shuffle_batch_blocks')}, {sampler.get('statistic')})"),
+                    f", shuffle blocks {sampler.get('shuffle_batch_blocks')}, {sampler.get('statistic')}"
+                    f"{_time_order(sampler)})"),
         ("cap", "off" if not is_on(cap.get("enable")) else (
             f"seed: min({select(c, 'data.max_response_length')}, max({cap.get('min_tokens')}, {cap.get('factor')} x "
             "estimate))" if cap.get("mode") == "seed" else "calibrated")),

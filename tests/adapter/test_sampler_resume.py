@@ -120,3 +120,103 @@ def test_state_from_a_different_train_set_is_refused():
     other = LengthAwareEpochSampler(list(range(N + B)), batch_size=B)
     with pytest.raises(ValueError, match="same TRAIN_FILE"):
         other.load_state_dict(state)
+
+
+# -- order_by=time: the time key's tool state in the sampler and its checkpoint -----------------------------------
+def tool_calls_of(rows):
+    """The shortest rows make the most tool calls, so the time order differs from the token order."""
+    return (9 - (true_length(rows) // 112)).clip(0, 9)
+
+
+def run_tool_steps(loader, sampler, it, k):
+    """``run_steps`` with each response's tool calls (2 s each) fed back as the trainer does."""
+    out = []
+    for _ in range(k):
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(loader)
+            batch = next(it)
+        rows = np.repeat(batch, 2)
+        calls = tool_calls_of(rows)
+        sampler.update(rows, true_length(rows), tool_calls=calls, tool_s=2.0 * calls)
+        out.append(list(batch))
+    return out, it
+
+
+def test_order_by_time_sorts_the_next_epoch_by_expected_time():
+    by_time = make_sampler(shuffle_batch_blocks=False, order_by="time", time_tokens_per_s=50.0)
+    by_tokens = make_sampler(shuffle_batch_blocks=False)
+    epochs = {}
+    for name, sampler in (("time", by_time), ("tokens", by_tokens)):
+        loader = make_loader(sampler)
+        batches, _ = run_tool_steps(loader, sampler, iter(loader), 2 * N // B)
+        epochs[name] = np.array(sum(batches[N // B:], []))
+    assert by_time.time_key.mean_latency_s() == 2.0
+    key = true_length(np.arange(N)) + tool_calls_of(np.arange(N)) * 2.0 * 50.0
+    assert np.allclose(by_time.time_key.filled(), key)
+    # bucket 64 on the key, then the key: non-decreasing expected time, and not the token order
+    assert np.all(np.diff(key[epochs["time"]]) >= 0)
+    assert np.all(np.diff(true_length(epochs["tokens"])) >= 0)
+    assert not np.array_equal(epochs["time"], epochs["tokens"])
+    # the token estimates are the same in both (what caps and priorities read)
+    assert np.array_equal(by_time.estimates.value, by_tokens.estimates.value)
+
+
+def test_order_by_time_resumes_with_its_tool_state():
+    sampler = make_sampler(order_by="time")
+    loader = make_loader(sampler)
+    _, it = run_tool_steps(loader, sampler, iter(loader), 17)
+    calls_17 = sampler.time_key.latency_calls
+    assert calls_17 > 0 and sampler.time_key.calls.seen.all()
+    state = roundtrip(loader.state_dict())
+    expected, _ = run_tool_steps(loader, sampler, it, 30)
+
+    sampler2 = make_sampler(order_by="time")
+    loader2 = make_loader(sampler2)
+    loader2.load_state_dict(state)
+    it2 = iter(loader2)
+    # restored exactly (checked before the continuation changes them)
+    assert (sampler2.time_key.latency_sum_s, sampler2.time_key.latency_calls) == (2.0 * calls_17, calls_17)
+    got, _ = run_tool_steps(loader2, sampler2, it2, 30)
+    assert got == expected
+    assert np.array_equal(sampler2.time_key.calls.value, sampler.time_key.calls.value, equal_nan=True)
+    assert (sampler2.time_key.latency_sum_s, sampler2.time_key.latency_calls) == \
+        (sampler.time_key.latency_sum_s, sampler.time_key.latency_calls)
+
+
+def test_a_checkpoint_without_tool_state_loads_into_a_time_sampler():
+    """A tokens run (or one from before the time key) resumed with order_by=time: its estimates and order come
+    back, the tool state starts empty (the order is the token order until tool calls are seen)."""
+    old = make_sampler()
+    loader = make_loader(old)
+    run_steps(loader, old, iter(loader), 14)
+    assert "tool_calls" not in old.state_dict()["plan"]["estimates"]
+    state = roundtrip(loader.state_dict())
+    sampler = make_sampler(order_by="time")
+    loader2 = make_loader(sampler)
+    loader2.load_state_dict(state)
+    iter(loader2)
+    assert np.array_equal(sampler.estimates.value, old.estimates.value, equal_nan=True)
+    assert np.array_equal(sampler.plan.order, old.plan.order) and sampler.plan.position == old.plan.position
+    assert not sampler.time_key.calls.seen.any() and sampler.time_key.mean_latency_s() == 0.0
+    assert np.array_equal(sampler.time_key.filled(), old.estimates.filled())
+
+
+def test_order_by_tokens_ignores_tool_calls_and_keeps_its_state():
+    """The default: tool information changes nothing, and the state holds no tool fields."""
+    plain, fed = make_sampler(), make_sampler()
+    assert fed.time_key is None
+    loaders = [make_loader(s) for s in (plain, fed)]
+    a, _ = run_steps(loaders[0], plain, iter(loaders[0]), 30)
+    b, _ = run_tool_steps(loaders[1], fed, iter(loaders[1]), 30)
+    assert a == b
+    sa, sb = plain.state_dict(), fed.state_dict()
+    assert set(sb["plan"]["estimates"]) == {"value", "count", "censored", "row_prior", "ema_decay", "statistic"}
+    assert set(sa) == set(sb) == {"plan", "extra", "num_rows"}
+    assert torch.equal(sa["plan"]["estimates"]["value"], sb["plan"]["estimates"]["value"])
+
+
+def test_unknown_order_by_is_refused():
+    with pytest.raises(ValueError, match="order_by 'speed'"):
+        make_sampler(order_by="speed")

@@ -32,10 +32,12 @@ def make_trainer(tiny_artifacts, tmp_path, *overrides):
     return trainer
 
 
-def put_trajectories(tq, batch, lengths_of, preempted=None):
+def put_trajectories(tq, batch, lengths_of, preempted=None, tool_calls=None):
     """Write one record per response as AgentLoopWorkerTQ._agent_loop_postprocess does: the agent-loop output
     fields (with verl's per-sample ``metrics`` when ``preempted`` gives num_preempted per response) plus the prompt's
-    row fields (kwargs), keys ``{uid}_{session}_0``."""
+    row fields (kwargs), keys ``{uid}_{session}_0``. ``tool_calls`` (row, session) -> calls makes them multi-turn
+    records as CappedToolAgentLoop leaves them: ``num_turns``, the calls in ``extra_fields``, 1.5 s a call in verl's
+    ``metrics.tool_calls``."""
     from transfer_queue import KVBatchMeta
 
     keys, fields, tags = [], [], []
@@ -46,6 +48,10 @@ def put_trajectories(tq, batch, lengths_of, preempted=None):
             n = int(lengths_of(row[ROW_ID], s))
             keys.append(f"{batch['uid'][i]}_{s}_0")
             metrics = {"metrics": {"num_preempted": preempted(row[ROW_ID], s)}} if preempted else {}
+            if tool_calls is not None:
+                calls = int(tool_calls(row[ROW_ID], s))
+                metrics = {"metrics": {"tool_calls": 1.5 * calls}, "num_turns": 2 + 2 * calls,
+                           "extra_fields": {"tool_calls": calls}}
             fields.append({"response_mask": torch.ones(n, dtype=torch.int64), **row, **metrics})
             tags.append({"status": "success", "response_len": n})
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
@@ -280,3 +286,66 @@ def test_responses_stopped_by_the_tail_cut_are_traced_as_cut_and_censored(tiny_a
     est = trainer.length_sampler.estimates
     row = record["rows"][0]
     assert est.value[row] == 23.5 and est.censored[row]  # the group's mean holds a lower bound: itself one
+
+
+def test_order_by_time_feeds_tool_calls_into_the_sampler_and_sorts_by_expected_time(tiny_artifacts, tmp_path,
+                                                                                    tq_cluster):
+    """Multi-turn steps with data.sampler.order_by=time: each trajectory's tool calls and tool seconds reach the
+    sampler's time key, the step logs the mean tool latency, the next epoch is sorted by expected time (not by
+    tokens), and a run warm-started from these traces starts with the same tool-call estimates and latency."""
+    def calls_of(r, s):
+        return (2 + s) * (r % 3 == 0)  # every third row: 2 and 3 calls
+
+    first = make_trainer(tiny_artifacts, tmp_path / "first", "data.sampler.order_by=time",
+                         "data.sampler.time_tokens_per_s=10", "data.sampler.shuffle_batch_blocks=False")
+    first.multi_turn = True  # what rollout.multi_turn.enable sets (no tool config needed to read the records)
+    for step in range(1, first.steps_per_epoch + 1):
+        first.global_steps = step
+        meta = put_trajectories(tq_cluster, first._next_train_batch(), true_len, tool_calls=calls_of)
+        metrics = first.observe_batch(meta, gen_time_s=1.0)
+        tq_cluster.kv_clear(keys=meta.keys, partition_id="train")
+    sampler = first.length_sampler
+    rows = np.arange(sampler.num_rows)
+    calls = np.array([2.5 * (r % 3 == 0) for r in rows])  # the mean of a row's two responses
+    assert metrics["sampler/mean_tool_latency_s"] == 1.5
+    assert np.allclose(sampler.time_key.calls.value, calls)
+    tokens = np.array([true_len(r, 0) + 0.5 for r in rows])
+    assert np.allclose(sampler.estimates.value, tokens)  # the token estimates: what caps and priorities read
+    key = tokens + calls * 1.5 * 10
+    first.global_steps += 1
+    first._next_train_batch()
+    order = sampler.plan.order
+    assert sampler.plan.epoch == 1 and np.all(np.diff(key[order]) >= 0)
+    assert not np.all(np.diff(tokens[order]) >= 0), "the case must order differently by time than by tokens"
+    record = json.loads((tmp_path / "first" / "run" / "length_traces.jsonl").read_text().splitlines()[0])
+    assert record["tool_calls"] == [calls_of(r, s) for r, s in zip(record["rows"], record["sample_index"])]
+
+    traces = tmp_path / "first" / "run" / "length_traces.jsonl"
+    second = make_trainer(tiny_artifacts, tmp_path / "second", "data.sampler.order_by=time",
+                          f"data.sampler.init_from={traces}", "data.sampler.shuffle_batch_blocks=False")
+    warm = second.length_sampler.time_key
+    assert second.warm_start.tool_rows == sampler.num_rows and warm.calls.seen.all()
+    assert (warm.latency_sum_s, warm.latency_calls) == (sampler.time_key.latency_sum_s,
+                                                        sampler.time_key.latency_calls)
+    second._next_train_batch()
+    plan = second.length_sampler.plan
+    assert plan.epoch == 0 and np.all(np.diff(warm.filled()[plan.order]) >= 0)  # epoch 0 sorted by expected time
+    tokens_run = make_trainer(tiny_artifacts, tmp_path / "third", f"data.sampler.init_from={traces}")
+    assert tokens_run.length_sampler.time_key is None and tokens_run.warm_start.tool_rows == 0
+
+
+def test_single_turn_steps_feed_no_tool_calls_and_order_by_tokens_logs_no_latency(tiny_artifacts, tmp_path,
+                                                                                   tq_cluster):
+    timed = make_trainer(tiny_artifacts, tmp_path / "time", "data.sampler.order_by=time")
+    meta = put_trajectories(tq_cluster, timed._next_train_batch(), true_len)
+    metrics = timed.observe_batch(meta, gen_time_s=1.0)
+    tq_cluster.kv_clear(keys=meta.keys, partition_id="train")
+    seen = timed.length_sampler.estimates.seen
+    assert seen.any() and np.array_equal(timed.length_sampler.time_key.calls.seen, seen)
+    assert (timed.length_sampler.time_key.calls.value[seen] == 0).all()  # observed: no calls
+    assert metrics["sampler/mean_tool_latency_s"] == 0.0
+
+    plain = make_trainer(tiny_artifacts, tmp_path / "tokens")
+    meta = put_trajectories(tq_cluster, plain._next_train_batch(), true_len)
+    metrics = plain.observe_batch(meta, gen_time_s=1.0)
+    assert plain.length_sampler.time_key is None and "sampler/mean_tool_latency_s" not in metrics

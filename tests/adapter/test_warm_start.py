@@ -8,6 +8,7 @@ import pytest
 from recipe.adapter.warm_start import matched_entries, warm_start
 from recipe.core.cap import WARM_EPOCH, BudgetCap
 from recipe.core.estimates import LengthEstimates
+from recipe.core.time_key import TimeKeyEstimates
 from recipe.settings import SAMPLER_CLASS_NAME, SAMPLER_CLASS_PATH, parse_settings
 from recipe.traces import LengthTraceWriter, prompt_key
 
@@ -33,11 +34,11 @@ def settings(response_length=RL, **sampler):
         "class_path": SAMPLER_CLASS_PATH, "class_name": SAMPLER_CLASS_NAME, **sampler}}})
 
 
-def write(path, data, epoch, rows, lengths, finish, cap=None, response_length=RL):
+def write(path, data, epoch, rows, lengths, finish, cap=None, response_length=RL, turns=None):
     with LengthTraceWriter(path) as w:
         w.append(epoch=epoch, step=epoch + 1, cap=cap, response_length=response_length, gen_time_s=1.0, rows=rows,
                  sample_index=[0] * len(rows), lengths=lengths, finish=finish,
-                 prompt_keys=[data.keys[r] for r in rows])
+                 prompt_keys=[data.keys[r] for r in rows], turns=turns)
 
 
 def test_responses_stopped_by_a_cap_or_the_tail_cut_below_the_limit_are_lower_bounds(tmp_path):
@@ -82,3 +83,34 @@ def test_the_cap_is_calibrated_with_the_runs_ema_decay_and_statistic(tmp_path):
     want = [500 / 300, 500 / 300, 200 / 1000, 600 / 1000, 400 / 320, 400 / 320, 800 / 960, 800 / 960]
     (epoch, got), = cap.state_dict()["ratios"]
     assert epoch == WARM_EPOCH and got.tolist() == pytest.approx(want)
+
+
+def test_multi_turn_traces_seed_the_time_keys_tool_calls_and_latency(tmp_path):
+    """order_by=time: the first epoch's tool calls (censored like the lengths) and tool seconds seed the time key;
+    entries without a call count (over-sample aborts, other agent loops) are skipped, later epochs ignored."""
+    data, path = Rows(3), tmp_path / "length_traces.jsonl"
+    write(path, data, 0, [0, 0, 1, 2], [20, 30, RL, 5], ["eos", "eos", "length", "abort"],
+          turns={"num_turns": [6, 10, 4, None], "tool_calls": [2, 4, 1, None], "tool_tokens": [3, 5, 2, None],
+                 "tool_s": [4.0, 8.0, 3.0, None]})
+    write(path, data, 1, [2], [9], ["eos"], turns={"num_turns": [20], "tool_calls": [9], "tool_tokens": [1],
+                                                  "tool_s": [90.0]})
+    est = LengthEstimates(3)
+    key = TimeKeyEstimates(est, 120.0)
+    report = warm_start(est, None, data, settings(init_from=str(path), order_by="time"), key)
+    assert (report.rows, report.tool_rows) == (3, 2) and "2 rows with tool-call estimates" in report.line(3)
+    assert np.array_equal(key.calls.value, [3.0, 1.0, np.nan], equal_nan=True)
+    assert key.calls.censored.tolist() == [False, True, False]
+    assert (key.latency_sum_s, key.latency_calls) == (15.0, 7)
+
+
+def test_single_turn_traces_leave_the_time_key_empty(tmp_path):
+    data, path = Rows(2), tmp_path / "length_traces.jsonl"
+    write(path, data, 0, [0, 1], [20, 30], ["eos", "eos"])
+    e = matched_entries(str(path), data.prompt_keys())
+    assert np.isnan(e["tool_calls"]).all() and np.isnan(e["tool_s"]).all()
+    est = LengthEstimates(2)
+    key = TimeKeyEstimates(est, 120.0)
+    report = warm_start(est, None, data, settings(init_from=str(path), order_by="time"), key)
+    assert (report.rows, report.tool_rows) == (2, 0)
+    assert not key.calls.seen.any() and key.mean_latency_s() == 0.0
+    assert np.array_equal(key.filled(), est.filled())
