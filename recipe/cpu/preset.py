@@ -18,9 +18,10 @@ batch 8 x 4 responses, 3 epochs of 6 steps (18 steps). Three flavours, each a di
   on. The test suite's single-turn e2e runs use it: their assertions are written for it (tests/e2e/conftest.py).
 - **multi-turn** (``MULTI_TURN=1``): the trained model on calculator word problems through ``CappedToolAgentLoop``
   and the recipe's calculator tool (``recipe/tools/configs/calculator.yaml``), scored by
-  ``reward/tool_use_reward.py`` (the right answer; half for the tool's result); prompts of ~230 tokens (the tools
-  block), trajectories of ~50 (call, tool reply, answer), budget 96, cap factor 2 with a floor of 32 (a cap below
-  the answer zeroes the reward), learning rate 4e-4. docs/multi-turn.md.
+  ``reward/tool_use_reward.py`` (the right answer; half for the tool's result; a guess without the tool earns
+  nothing); prompts of ~230 tokens (the tools block), trajectories of ~50 (call, tool reply, answer), budget 96, cap
+  factor 2 with a floor of 32 (a cap below the answer zeroes the reward), learning rate 4e-4. The model calls the
+  tool on ~75% of the prompts at first; GRPO raises that to ~90% within the 18 steps. docs/multi-turn.md.
 
 What a CPU run proves and what it cannot is listed in ``docs/cpu-run.md``. :func:`cpu_env` returns the preset's
 environment values; the preflight lays the user's explicit variables over them, as for the smoke preset.

@@ -8,7 +8,9 @@ top-2, ``norm_topk_prob``, float32: vLLM's CPU backend loads it as it loads the 
 - countdown: "Count down from N." -> ``N N-1 ... 1. #### N<|im_end|>``, the length set by N, with spread
   within a prompt (a random closing sentence), so the length estimates have something to rank;
 - calculator: with the calculator tool in the system prompt, a hermes ``<tool_call>{json}</tool_call>`` turn, then,
-  after the ``<tool_response>``, ``The answer is R. #### R<|im_end|>``.
+  after the ``<tool_response>``, ``The answer is R. #### R<|im_end|>``; or, in ``SFTConfig.direct_share`` of them, an
+  answer at once with a wrong guess, so the model leaves RL something to learn: to call the tool (a flat reward on
+  a model that always calls it showed no learning in 18 CPU steps).
 
 Tokenizer ``tok-v2-tools``: like ``tok-v1`` (ByteLevel BPE, ``<|endoftext|>`` pad, ``<|im_end|>`` eos, ``"\\n"`` one
 token) trained on the tasks' text too, with ``<tool_call>``, ``</tool_call>``, ``<tool_response>``,
@@ -33,8 +35,9 @@ from .tiny import (ENDOFTEXT, IM_END, IM_START, _atomic_build, _training_text, b
 
 TOKENIZER_VERSION = "tok-v2-tools"
 # v2: 3x the tool conversations per step, 600 steps, each task's loss its own mean (v1 copied the tool's reply into
-# its answer 6% of the time)
-SFT_VERSION = "sft-v2"
+# its answer 6% of the time); v3: a third of the tool prompts answered at once with a guess, 36 tool conversations
+# per step (~24 with a call; 24 in all left the copying unlearnt), 750 steps (600 left the countdown's Spearman at 0.75)
+SFT_VERSION = "sft-v3"
 MODEL_VERSION = f"qwen3moe-{SFT_VERSION}-{TOKENIZER_VERSION}"
 DATA_VERSION = "tasks-v1"
 TOOL_TOKENS = (tasks.TOOL_CALL, tasks.TOOL_CALL_END, tasks.TOOL_RESPONSE, tasks.TOOL_RESPONSE_END)
@@ -44,10 +47,11 @@ SFT_THREADS = 1
 @dataclass(frozen=True)
 class SFTConfig:
     n_countdown: int = 3000
-    n_tool: int = 1200
-    steps: int = 600
+    n_tool: int = 1800
+    steps: int = 750
     batch_tokens: int = 2048  # countdown tokens (with padding) per step
-    tool_batch: int = 24  # tool conversations per step
+    tool_batch: int = 36  # tool conversations per step (~24 with a call, as in v2: fewer left the copying unlearnt)
+    direct_share: float = 0.33  # tool prompts answered at once with a guess (tiny_tasks.direct_messages)
     lr: float = 3e-3
     warmup: int = 20
     weight_decay: float = 0.0
@@ -80,10 +84,12 @@ def build_tool_tokenizer(cache_dir: str | os.PathLike | None = None) -> Path:
 
 def sft_conversations(cfg: SFTConfig, seed: int = 0) -> list[tuple[list[dict], list[dict] | None]]:
     """``(messages, tools)`` pairs: ``cfg.n_countdown`` countdowns (N uniform in 1..MAX_COUNT) and ``cfg.n_tool``
-    calculator conversations (with the tool in the system prompt), shuffled."""
+    calculator prompts (with the tool in the system prompt; ``cfg.direct_share`` of them answered at once with a
+    guess, the rest through the tool), shuffled."""
     rng = random.Random(f"sft-{seed}")
     convs = [(tasks.countdown_messages(rng.randint(1, tasks.MAX_COUNT), rng), None) for _ in range(cfg.n_countdown)]
-    convs += [(tasks.tool_messages(rng)[0], [tasks.CALCULATOR_TOOL]) for _ in range(cfg.n_tool)]
+    convs += [((tasks.direct_messages if rng.random() < cfg.direct_share else tasks.tool_messages)(rng)[0],
+               [tasks.CALCULATOR_TOOL]) for _ in range(cfg.n_tool)]
     rng.shuffle(convs)
     return convs
 

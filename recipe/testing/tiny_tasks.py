@@ -10,7 +10,10 @@ Two tasks, both answering ``... #### <answer>`` so that ``reward/math_reward.py`
 - **calculator** (the tool task): GSM8K-style word problems. The first assistant turn is a hermes tool call
   ``<tool_call>\\n{"name": "calculator", "arguments": {"expression": "12*7+3"}}\\n</tool_call>`` (verl's ``hermes``
   parser, ``recipe/tools/verl_tools.py``'s ``CalculatorTool``); the tool's reply comes back in a user turn as
-  ``<tool_response>\\n87\\n</tool_response>`` and the assistant answers ``The answer is 87. #### 87``.
+  ``<tool_response>\\n87\\n</tool_response>`` and the assistant answers ``The answer is 87. #### 87``. Some of the
+  SFT conversations instead answer at once with a guess, near but never equal to the result
+  (:func:`direct_messages`): the model starts RL calling the tool on most prompts, not all, and what GRPO can teach
+  it within a CPU run is to call the tool (a guess earns nothing).
 
 Also the chat template: Qwen3's (tools in the system prompt, assistant ``tool_calls`` rendered as ``<tool_call>``
 blocks, ``tool`` messages inside a user turn) without the ``<think>`` branches, like ``recipe.testing.tiny``'s.
@@ -137,6 +140,16 @@ def tool_messages(rng: random.Random) -> tuple[list[dict], int]:
                                                           "arguments": {"expression": expression}}}]},
         {"role": "tool", "name": "calculator", "content": str(result)},
         {"role": "assistant", "content": f"The answer is {result}. #### {result}"},
+    ], result
+
+
+def direct_messages(rng: random.Random) -> tuple[list[dict], int]:
+    """A tool prompt answered without the tool: a guess 1-9 off the result (user, assistant answer), and the result."""
+    question, _, result = tool_problem(rng)
+    guess = result + rng.randint(1, 9) * (1 if result < 10 or rng.random() < 0.5 else -1)
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": f"The answer is {guess}. #### {guess}"},
     ], result
 
 

@@ -72,6 +72,17 @@ def _multi_turn(name: str, extra: dict, args: tuple = ()):
     return prepare
 
 
+# The multi-turn preset as a user runs it (the real calculator, in the sandbox), with checkpoints, killed with
+# SIGKILL mid-epoch after global_step_8 and relaunched: resumption, and whether GRPO's reward rises over 18 steps.
+MT_RESUME = {"MULTI_TURN": "1", "SAVE_CKPT_ENABLE": "1", "TRAINER_SAVE_FREQ": "4", "MAX_CKPT_TO_KEEP": "10",
+             "EXPERIMENT_NAME": "mt-resume"}
+
+
+def _multi_turn_resume(launcher: Launcher) -> Run:
+    return launcher.kill_and_relaunch("mt-resume", MT_RESUME, experiment="mt-resume", checkpoint=CHECKPOINT,
+                                      kill_after_step=KILL_AFTER_STEP)
+
+
 def _resampler(launcher: Launcher) -> Run:
     return launcher.kill_and_relaunch("resampler", CHECKPOINTS, experiment="cpu-grpo-resampler",
                                       checkpoint=CHECKPOINT, kill_after_step=KILL_AFTER_STEP)
@@ -110,13 +121,15 @@ def _restart_without_sync(launcher: Launcher):
 
 
 # fixture name -> (called in the main thread) -> the job a pool thread runs; longest first (the pool starts them in
-# this order): the resampler run is two launches.
-JOBS = {"resampler_run": lambda launcher: _resampler, "baseline_run": lambda launcher: _baseline,
+# this order): the resampler and multi-turn resume runs are two launches each.
+JOBS = {"resampler_run": lambda launcher: _resampler, "multi_turn_resume_run": lambda launcher: _multi_turn_resume,
+        "baseline_run": lambda launcher: _baseline,
         "restart_without_sync_run": _restart_without_sync, "continue_run": lambda launcher: _continue,
         "multi_turn_os_run": _multi_turn("mt-os", {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25"},
                                          args=("recipe.over_sample.abort_events=1",)),
         "multi_turn_tail_cut_run": _multi_turn("mt-tail-cut", {"TAIL_CUT_ENABLE": "1", "TAIL_CUT_FRACTION": "0.6",
-                                                               "TAIL_CUT_LEVEL_EXPONENT": "0"})}
+                                                               "TAIL_CUT_LEVEL_EXPONENT": "0",
+                                                               "SAMPLER_ORDER_BY": "time"})}
 _session: dict = {}
 
 
@@ -204,9 +217,18 @@ def multi_turn_os_run() -> Run:
 
 
 @pytest.fixture(scope="session")
+def multi_turn_resume_run() -> Run:
+    """``MULTI_TURN=1`` as the main command runs it (18 steps, the recipe's calculator in the sandbox) with
+    checkpoints, killed with SIGKILL after ``global_step_8`` and step 10, then relaunched to the end; ``run.killed``
+    is the first launch."""
+    return _result("multi_turn_resume_run")
+
+
+@pytest.fixture(scope="session")
 def multi_turn_tail_cut_run() -> Run:
     """``MULTI_TURN=1`` with the tail cut at 60% of a step's trajectories and the same slow calculator: the cut
-    catches trajectories in a tool call and between turns; the step must still end (no deadlock)."""
+    catches trajectories in a tool call and between turns; the step must still end (no deadlock). Its epochs are
+    ordered by expected time (``SAMPLER_ORDER_BY=time``), which no other launch exercises."""
     return _result("multi_turn_tail_cut_run")
 
 
