@@ -7,7 +7,7 @@ batch 8 x 4 responses, 3 epochs of 6 steps (18 steps). Three flavours, each a di
 :data:`CPU_VALUES`:
 
 - **countdown** (the default, ``CPU_MODEL=trained``): the tiny Qwen3-MoE trained on two tasks
-  (``recipe.testing.tiny_sft``, built in ~5 CPU-minutes and cached) answers "Count down from N.": its answers end
+  (``recipe.testing.tiny_sft``, built in ~8 CPU-minutes and cached) answers "Count down from N.": its answers end
   with EOS at lengths the prompt sets (~5 to ~130 tokens) with spread within a prompt, so the estimates rank
   prompts and the cap (2 x the batch's estimate, floor 16) cuts the batches' longer-than-expected responses only.
   Reward ``reward/math_reward.py`` on its ``#### N``; learning rate 1e-4 (a trained model: the random flavour's
@@ -21,7 +21,7 @@ batch 8 x 4 responses, 3 epochs of 6 steps (18 steps). Three flavours, each a di
   ``reward/tool_use_reward.py`` (the right answer; half for the tool's result; a guess without the tool earns
   nothing); prompts of ~230 tokens (the tools block), trajectories of ~50 (call, tool reply, answer), budget 96, cap
   factor 2 with a floor of 32 (a cap below the answer zeroes the reward), learning rate 4e-4. The model calls the
-  tool on ~75% of the prompts at first; GRPO raises that to ~90% within the 18 steps. docs/multi-turn.md.
+  tool on ~70% of the prompts at first; GRPO raises that to ~95% within the 18 steps. docs/multi-turn.md.
 
 What a CPU run proves and what it cannot is listed in ``docs/cpu-run.md``. :func:`cpu_env` returns the preset's
 environment values; the preflight lays the user's explicit variables over them, as for the smoke preset.
