@@ -15,7 +15,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 
 from ..core.seeds import response_seed
 from .fields import CAP, PARTIAL, SEED
-from .partial import ContinueFrom, PartialRef, fetch_partial
+from .partial import ContinueFrom, PartialRef, fetch_partial, mask_stale
 
 AGENT_LOOP_NAME = "length_capped_single_turn"
 
@@ -42,12 +42,9 @@ class CappedSingleTurnAgentLoop(SingleTurnAgentLoop):
         if ref is None:
             return await super().run(sampling_params, **kwargs)
         session = int(kwargs["session_id"])
-        tokens, logprobs = await fetch_partial(ref, session)
-        self.server_manager = ContinueFrom(self.server_manager, tokens, logprobs, complete=ref.complete[session],
-                                           min_version=ref.min_version, limit=limit)
+        stored = await fetch_partial(ref, session)
+        self.server_manager = ContinueFrom(self.server_manager, stored.tokens, stored.logprobs,
+                                           complete=ref.complete[session], min_version=ref.min_version, limit=limit)
         output = await super().run(sampling_params, **kwargs)
-        over_sample = self.config.get("recipe", {}).get("over_sample", {})
-        if over_sample.get("mask_stale_tokens", False):
-            stale = min(len(tokens), len(output.response_mask))
-            output.response_mask = [0] * stale + list(output.response_mask[stale:])
+        mask_stale(output, len(stored.tokens), self.config)
         return output

@@ -13,7 +13,8 @@ Per step (``LengthAwareTrainer`` calls these from verl's hooks):
   (``recipe.adapter.rollout_gate``): tool calls in flight are cancelled, so the settle never waits on a tool.
   ``resume`` (from ``on_step_end``, after the weight update) re-opens generation (and the gate).
 * ``continue`` mode: an aborted group's trajectories stay in TransferQueue and its row carries a ``PartialRef`` the
-  next time it is launched (``partial_for``); its agent loops resume each response (recipe/adapter/partial.py).
+  next time it is launched (``partial_for``); its agent loops resume each response (recipe/adapter/partial.py;
+  multi-turn trajectories from the turn-boundary snapshot an abort leaves in them, recipe/adapter/tool_agent_loop.py).
   The old trajectories are cleared once the resumed launch has settled. Partial responses are driver memory only:
   after a checkpoint resume their rows (still re-queued) regenerate from scratch.
 Validation never passes through these hooks (it uses the "val" partition and its own dispatch).
@@ -33,7 +34,7 @@ from ..core.oversample import OverSampleController, StepOutcome, requeue_aborted
 from ..core.step_stats import StepResponses
 from .columns import column_to_numpy
 from .fields import CAP, PREDICTION, ROW_ID
-from .partial import PartialRef
+from .partial import RESUME_AT, PartialRef
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def _sequences(column) -> list:
 class OverSampleDriver:
     def __init__(self, controller: OverSampleController, *, rollout_n: int, stop_token_ids: set[int],
                  response_length: int, has_logprobs: bool, settle_timeout_s: float = 600.0,
-                 events_path: str | None = None, poll_s: float = 0.05, gate=None):
+                 events_path: str | None = None, poll_s: float = 0.05, gate=None, multi_turn: bool = False):
         self.controller = controller
         self.rollout_n = int(rollout_n)
         self.stop_token_ids = set(stop_token_ids)
@@ -68,6 +69,7 @@ class OverSampleDriver:
         self.events_path = events_path
         self.poll_s = poll_s
         self.gate = gate  # a rollout_gate.DriverGate (multi-turn: tool calls in flight are cancelled) or None
+        self.multi_turn = bool(multi_turn)  # trajectories say themselves whether an abort cut them (RESUME_AT)
         self._gate_closed = False
         self.pending: Launch | None = None
         self.partials: dict[int, PartialRef] = {}  # row -> where its partial responses wait (continue mode)
@@ -157,7 +159,8 @@ class OverSampleDriver:
         tokens = kept_tokens = 0
         keep_uids: set[str] = set()
         if traj:
-            fields = [ROW_ID, "responses", CAP, PREDICTION] + (["prompts"] if self.events_path else [])
+            fields = ([ROW_ID, "responses", CAP, PREDICTION] + (["prompts"] if self.events_path else [])
+                      + (["extra_fields"] if self.multi_turn else []))
             data = tq.kv_batch_get(keys=traj, partition_id=launch.partition_id, select_fields=fields)
             responses = [r.tolist() for r in _sequences(data["responses"])]
             if self.events_path:
@@ -169,8 +172,11 @@ class OverSampleDriver:
             lengths = np.array([int(items[k]["response_len"]) for k in traj], dtype=np.int64)
             tokens = int(lengths.sum())
             # a response of an aborted group that had already stopped (EOS) is complete: an exact length, traced
-            # as eos; the others were cut by the abort
+            # as eos; the others were cut by the abort (a multi-turn one may end in EOS and still be cut: a
+            # tool-call turn whose tool was cancelled)
             cut = np.array([not (r and r[-1] in self.stop_token_ids) for r in responses], dtype=bool)
+            if self.multi_turn:
+                cut |= np.array([RESUME_AT in e for e in _sequences(data["extra_fields"])], dtype=bool)
             self.last_aborted = StepResponses(
                 rows=rows, lengths=lengths, caps=column_to_numpy(data[CAP], dtype=np.int64),
                 predicted=column_to_numpy(data[PREDICTION], dtype=np.float64), response_length=self.response_length,

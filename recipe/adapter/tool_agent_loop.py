@@ -1,4 +1,4 @@
-"""verl's ``ToolAgentLoop`` with the recipe's per-row budget, per-turn seeds, priorities and abort handling.
+"""verl's ``ToolAgentLoop`` with the recipe's per-row budget, per-turn seeds, priorities, abort handling and resumption.
 
 Registered through ``configs/agent_loops.yaml`` as ``length_capped_tool_agent`` and also under verl's own name
 ``tool_agent``, so rows written for verl's tool agent (``agent_name: tool_agent``) get the cap too; ``MULTI_TURN=1``
@@ -17,22 +17,31 @@ makes it the default agent loop. What it changes, and why:
   cancelled: the sandbox's whole process group is killed. So a step's abort never waits on a tool and never leaves
   one running, and a trajectory cut by the tail cut between turns ends as truncated instead of waiting for a resume
   that comes only after the step.
-
-Over-sample ``continue`` (partial rollout) is not supported on multi-turn rows: the preflight refuses it and a row
-that carries a partial-rollout reference fails by name.
+* **Resumption** (over-sample ``continue``). A trajectory cut by an abort records a ``TurnBoundary`` in its
+  ``extra_fields`` (``RESUME_AT``): the chat, the token count and the turn counters at the start of the stage that
+  was cut. The re-queued row's loop fetches the stored trajectory (``recipe.adapter.partial``) and rebuilds verl's
+  state from it in ``_handle_pending_state``, so the rest of verl's state machine runs unchanged: an assistant turn
+  cut mid-way continues after its stored tokens (``ContinueFrom``) and the whole turn is parsed for tool calls; a
+  turn whose tool calls were cancelled (they never replied) issues them again; a trajectory cut after a tool reply
+  starts its next turn. Completed tool calls are never re-run (their replies are in the stored tokens, mask 0); the
+  trained trajectory is the stored one plus its continuation, and the budget counts the stored tokens. A session
+  that had finished is returned as it was. Text-only: a multimodal model's images are not restored.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+from verl.experimental.agent_loop.tool_parser import FunctionCall
 
 from ..core.seeds import turn_seed
 from .agent_loop import row_int
 from .fields import CAP, PARTIAL, SEED
-from .partial import PartialRef
+from .partial import RESUME_AT, ContinueFrom, PartialRef, StoredResponse, fetch_partial, mask_stale
 from .rollout_gate import GateWatch, gate_watch
 from .turns import TOOL_CALLS
 
@@ -40,6 +49,29 @@ logger = logging.getLogger(__name__)
 
 TOOL_AGENT_LOOP_NAME = "length_capped_tool_agent"
 ABORTED = "aborted"
+GENERATE, TOOLS = "generate", "tools"  # the stage an abort cut
+
+
+@dataclass
+class TurnBoundary:
+    """Where a trajectory cut by an abort resumes: verl's loop state at the start of the stage that was cut.
+
+    ``GENERATE``: an assistant turn (maybe still empty) was cut; the stored response tokens after ``tokens`` are its
+    first part. ``TOOLS``: a finished turn's tool calls (``pending_calls``) never replied; they are issued again. The
+    tokens, mask and log-probs are not copied here: they are the trajectory's stored response.
+    """
+
+    stage: str
+    tokens: int  # response tokens before the stage
+    assistant_turns: int
+    user_turns: int
+    messages: list  # the chat after the prompt, up to the stage
+    extra_fields: dict  # verl's per-turn server fields so far (the policy versions)
+    metrics: dict = field(default_factory=dict)  # verl's timings so far (tool seconds feed the time key)
+    turn_scores: list = field(default_factory=list)
+    tool_rewards: list = field(default_factory=list)
+    tool_calls_done: int = 0  # calls whose replies joined the trajectory (extra_fields[TOOL_CALLS])
+    pending_calls: list = field(default_factory=list)  # TOOLS: verl FunctionCall fields
 
 
 class _TurnClient:
@@ -83,26 +115,93 @@ class CappedToolAgentLoop(ToolAgentLoop):
             raise RuntimeError("CappedToolAgentLoop holds one trajectory's budget: build one loop per trajectory "
                                "(as verl's AgentLoopWorker does)")
         self._ran = True
-        if PartialRef.from_field(kwargs.get(PARTIAL)) is not None:
-            raise ValueError(f"row field {PARTIAL!r} is set on a multi-turn row: over-sample requeue 'continue' is "
-                             "not supported with MULTI_TURN=1; use OVER_SAMPLE_REQUEUE=restart")
         cap = row_int(kwargs.get(CAP))
         if 0 < cap < self.response_length:
             self.response_length = cap
         seed = row_int(kwargs.get(SEED), absent=-1)
         self._seed = (seed, int(kwargs["session_id"])) if seed >= 0 else None
-        self._client = _TurnClient(self.server_manager, row_int(priority))
+        self._tool_calls = 0
+        self._cut_at: TurnBoundary | None = None  # where an abort cut this run
+        self._resumed_from: tuple[StoredResponse, TurnBoundary] | None = None
+        server = self.server_manager
+        ref = PartialRef.from_field(kwargs.get(PARTIAL))
+        if ref is not None:
+            stored, at = await self._fetch_resume(ref, int(kwargs["session_id"]))
+            if at is None:  # finished before the abort: nothing to generate
+                return self._stale_masked(_as_stored(stored), stored)
+            self._resumed_from = (stored, at)
+            server = ContinueFrom(server, stored.tokens[at.tokens:],
+                                  stored.logprobs[at.tokens:] if stored.logprobs is not None else None,
+                                  complete=False, min_version=ref.min_version, limit=self.response_length)
+        self._client = _TurnClient(server, row_int(priority))
         self.server_manager = self._client
         self.tool_parser = _SkipAbortedParser(self.tool_parser, self._client)
         self.gate = await gate_watch()
-        self._tool_calls = 0
-        output = await super().run(sampling_params, priority=priority, **kwargs)
+        return self._finish(await super().run(sampling_params, priority=priority, **kwargs))
+
+    def _finish(self, output: AgentLoopOutput) -> AgentLoopOutput:
         output.extra_fields[TOOL_CALLS] = self._tool_calls  # calls whose replies joined the trajectory (the traces)
+        if self._cut_at is not None and self._keeps_partials():
+            output.extra_fields[RESUME_AT] = asdict(self._cut_at)
         if not output.response_mask:
             # ended before its first token (aborted, or the gate was closed): verl slices the response as
             # ``ids[-len(mask):]``, which is the whole prompt for an empty mask
             output.response_ids, output.response_logprobs = [], None
+        return output if self._resumed_from is None else self._stale_masked(output, self._resumed_from[0])
+
+    def _stale_masked(self, output: AgentLoopOutput, stored: StoredResponse) -> AgentLoopOutput:
+        mask_stale(output, len(stored.tokens), self.config)
         return output
+
+    def _keeps_partials(self) -> bool:
+        """Over-sample ``continue``: a cut trajectory is kept for a resume, so it records where to resume."""
+        over_sample = self.config.get("recipe", {}).get("over_sample", {})
+        return bool(over_sample.get("enable", False)) and over_sample.get("requeue") == "continue"
+
+    async def _fetch_resume(self, ref: PartialRef, session: int) -> tuple[StoredResponse, TurnBoundary | None]:
+        """The stored trajectory and where to resume it (None: it had finished, ``ref.complete`` or never cut)."""
+        if self.processor is not None:
+            raise ValueError("over-sample requeue 'continue' resumes text-only multi-turn trajectories: a multimodal "
+                             "model's prompt and tool images are not restored; use OVER_SAMPLE_REQUEUE=restart")
+        stored = await fetch_partial(ref, session, turns=True)
+        at = stored.extra_fields.get(RESUME_AT)
+        return stored, None if ref.complete[session] or at is None else TurnBoundary(**at)
+
+    async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
+        state = await super()._handle_pending_state(agent_data, sampling_params)
+        self._prompt_messages = len(agent_data.messages)
+        return state if self._resumed_from is None else self._restore(agent_data, *self._resumed_from)
+
+    def _restore(self, agent_data: AgentData, stored: StoredResponse, at: TurnBoundary) -> AgentState:
+        """verl's state at ``at`` from the stored trajectory (tool replies keep mask 0); the stage to enter."""
+        agent_data.prompt_ids = agent_data.prompt_ids + stored.tokens[: at.tokens]
+        agent_data.response_mask = stored.mask[: at.tokens]
+        agent_data.response_logprobs = stored.logprobs[: at.tokens] if stored.logprobs is not None else []
+        agent_data.messages.extend(at.messages)
+        agent_data.assistant_turns, agent_data.user_turns = at.assistant_turns, at.user_turns
+        agent_data.extra_fields.update(at.extra_fields)
+        agent_data.metrics.update(at.metrics)
+        agent_data.turn_scores, agent_data.tool_rewards = list(at.turn_scores), list(at.tool_rewards)
+        self._tool_calls = at.tool_calls_done
+        if at.tokens >= self.response_length:  # this launch's budget is spent already: a tool reply could not join
+            return AgentState.TERMINATED
+        if at.stage == TOOLS:
+            agent_data.tool_calls = [FunctionCall(**call) for call in at.pending_calls]
+            return AgentState.PROCESSING_TOOLS
+        return AgentState.GENERATING
+
+    def _boundary(self, agent_data: AgentData) -> dict:
+        """The state a stage starts from, as ``TurnBoundary`` fields (kept only if an abort cuts the stage)."""
+        return {"tokens": len(agent_data.response_mask), "assistant_turns": agent_data.assistant_turns,
+                "user_turns": agent_data.user_turns, "messages": agent_data.messages[self._prompt_messages:],
+                "extra_fields": dict(agent_data.extra_fields)}
+
+    def _cut(self, stage: str, boundary: dict, agent_data: AgentData) -> None:
+        """An abort ended the trajectory in ``stage``, begun at ``boundary``: remember where to resume."""
+        self._cut_at = TurnBoundary(
+            stage=stage, **boundary, metrics=dict(agent_data.metrics), turn_scores=list(agent_data.turn_scores),
+            tool_rewards=list(agent_data.tool_rewards), tool_calls_done=self._tool_calls,
+            pending_calls=[call.model_dump() for call in agent_data.tool_calls] if stage == TOOLS else [])
 
     def _gate_closed(self) -> bool:
         return self.gate is not None and self.gate.closed
@@ -112,13 +211,16 @@ class CappedToolAgentLoop(ToolAgentLoop):
         remaining = self.response_length - len(agent_data.response_mask)
         if remaining <= 0:
             return AgentState.TERMINATED
+        boundary = self._boundary(agent_data)
         if self._gate_closed():  # the step is being aborted: a new turn would wait for (or be refused) a resume
+            self._cut(GENERATE, boundary, agent_data)
             return AgentState.TERMINATED
         params = {**sampling_params, "max_tokens": remaining}
         if self._seed is not None:
             params["seed"] = turn_seed(*self._seed, agent_data.assistant_turns)
         state = await super()._handle_generating_state(agent_data, params, ignore_termination)
         if self._client.last_stop_reason == ABORTED:
+            self._cut(GENERATE, boundary, agent_data)
             return AgentState.TERMINATED
         return state
 
@@ -133,6 +235,7 @@ class CappedToolAgentLoop(ToolAgentLoop):
         if self.gate is None:
             return await super()._handle_processing_tools_state(agent_data)
         if self.gate.closed:
+            self._cut(TOOLS, self._boundary(agent_data), agent_data)
             return AgentState.TERMINATED
         tools = asyncio.ensure_future(super()._handle_processing_tools_state(agent_data))
         closed = asyncio.ensure_future(self.gate.wait_closed())
@@ -147,6 +250,15 @@ class CappedToolAgentLoop(ToolAgentLoop):
             # a warning, so the run's log shows each cancellation (the e2e test counts them)
             logger.warning("%s: rollout aborted during a tool call: %d call(s) cancelled, the trajectory ends",
                            agent_data.request_id, len(agent_data.tool_calls[: self.max_parallel_calls]))
+            # verl changes the trajectory only once every call has replied: it is as the stage found it
+            self._cut(TOOLS, self._boundary(agent_data), agent_data)
             return AgentState.TERMINATED
         return tools.result()
 
+
+def _as_stored(stored: StoredResponse) -> AgentLoopOutput:
+    """A session that had finished before the abort, as it was (verl's worker scores it again like any other)."""
+    extra = {k: v for k, v in stored.extra_fields.items() if k != RESUME_AT}
+    return AgentLoopOutput(prompt_ids=stored.prompt, response_ids=stored.tokens, response_mask=stored.mask,
+                           response_logprobs=stored.logprobs, multi_modal_data={}, num_turns=stored.num_turns,
+                           metrics=stored.metrics, extra_fields=extra)

@@ -132,6 +132,7 @@ class LengthAwareTrainer(PPOTrainerSync):
                 events_path=(os.path.join(self.config.trainer.default_local_dir, "over_sample_events.jsonl")
                              if os_cfg.abort_events else None),
                 gate=self.rollout_gate,
+                multi_turn=self.multi_turn,
             )
             # Over-sampled steps launch any number of prompts: fetch one row per dataloader batch (verl does the
             # same for its exact refills).

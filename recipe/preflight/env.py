@@ -122,10 +122,6 @@ def _cross_env_errors(v: dict) -> list[str]:
     if v[arm] and v["OVER_SAMPLE_ENABLE"]:
         errors.append(f"{arm}=1 turns the length-aware sampler off, but OVER_SAMPLE_ENABLE=1 "
                       "needs it: unset OVER_SAMPLE_ENABLE for the baseline arm")
-    if v["MULTI_TURN"] and v["OVER_SAMPLE_ENABLE"] and v["OVER_SAMPLE_REQUEUE"] == "continue":
-        errors.append("OVER_SAMPLE_REQUEUE=continue with MULTI_TURN=1: partial rollout resumes single-turn responses "
-                      "only (a multi-turn trajectory would replay its tool replies as policy tokens); export "
-                      "OVER_SAMPLE_REQUEUE=restart")
     if "/" in v["EXPERIMENT_NAME"] or v["EXPERIMENT_NAME"] in (".", ".."):
         errors.append(f"EXPERIMENT_NAME={v['EXPERIMENT_NAME']!r} must be a plain directory name (no '/')")
     loggers = [s.strip() for s in v["TRAINER_LOGGER"].split(",") if s.strip()]

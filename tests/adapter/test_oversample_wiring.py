@@ -15,6 +15,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from recipe.adapter.columns import column_to_numpy
 from recipe.adapter.fields import CAP, PREDICTION, ROW_ID
+from recipe.adapter.partial import RESUME_AT
 from recipe.testing.recipe_config import ROLLOUT_N, TRAIN_BATCH, compose_recipe
 from recipe.traces import read_records
 
@@ -134,11 +135,11 @@ def test_over_sampled_epochs_train_every_prompt_once(tiny_artifacts, tmp_path, t
     assert len(events) == sum(m["rollout/over_sample/aborted_groups"] for m in all_metrics)
 
 
-def over_sampled_trainer(tiny_artifacts, run_dir, tq):
+def over_sampled_trainer(tiny_artifacts, run_dir, tq, *overrides):
     from recipe.adapter.trainer import LengthAwareTrainer
 
     cfg = compose_recipe(tiny_artifacts, [f"trainer.default_local_dir={run_dir}", "recipe.over_sample.enable=1",
-                                          "recipe.cap.enable=0", f"recipe.over_sample.ratio={RATIO}"])
+                                          "recipe.cap.enable=0", f"recipe.over_sample.ratio={RATIO}", *overrides])
     trainer = LengthAwareTrainer(cfg)
     trainer._init_tokenizer()
     trainer._init_dataloader()
@@ -237,3 +238,44 @@ def test_a_rollout_gate_closes_before_the_abort_and_opens_after_the_resume(tiny_
     names = [c if c[0] == "gate" else c[0] for c in calls]
     assert names.index(("gate", "close")) == names.index("abort") - 1
     assert names[-2:] == ["resume", ("gate", "open")]
+
+
+def test_a_multi_turn_trajectory_that_records_where_to_resume_is_unfinished_even_after_eos(
+        tiny_artifacts, tmp_path, tq_cluster, request):
+    """Multi-turn ``continue``: a trajectory cut on a tool-call turn (its tool cancelled) ends in EOS like a finished
+    one; its ``extra_fields`` say it was cut (``RESUME_AT``, CappedToolAgentLoop), so it is resumed and its length is
+    a lower bound. One that finished (EOS, nothing recorded) is complete: returned as it was."""
+    from recipe.adapter.trainer import stop_token_ids
+
+    import ray
+
+    from recipe.adapter.rollout_gate import GATE_ACTOR_NAME
+
+    trainer = over_sampled_trainer(tiny_artifacts, tmp_path / "run", tq_cluster, "recipe.over_sample.requeue=continue",
+                                   "actor_rollout_ref.rollout.multi_turn.enable=True")
+    request.addfinalizer(lambda: ray.kill(ray.get_actor(GATE_ACTOR_NAME)))  # the run's gate: later tests have none
+    assert trainer.over_sample.multi_turn
+    eos = min(stop_token_ids(trainer.tokenizer))
+
+    class TurnRollout(FakeRollout):  # records with the multi-turn fields the trainer reads
+        def put_group(self, uid, row, n_tokens, fields):
+            super().put_group(uid, row, n_tokens, {**fields, "num_turns": 2, "extra_fields": {}, "metrics": {}})
+
+    class TurnReplicas(FakeReplicas):
+        def abort_replicas(self, reject_request=False):  # every aborted trajectory ends in EOS; session 0 was cut
+            super().abort_replicas(reject_request)
+            items = tq_cluster.kv_list("train")["train"]
+            keys = sorted(k for k, t in items.items() if not t.get("is_prompt") and t.get("response_len") == 3)
+            recs = [{"responses": torch.tensor([7, 7, eos]),
+                     "extra_fields": {RESUME_AT: {"stage": "tools"}} if k.endswith("_0_0") else {}} for k in keys]
+            tq_cluster.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(recs))
+
+    trainer.agent_loop_manager = TurnRollout(tq_cluster)
+    trainer.checkpoint_manager = TurnReplicas(trainer.agent_loop_manager)
+    run_step(trainer, tq_cluster, 1)
+
+    refs = trainer.over_sample.partials
+    assert len(refs) == math.ceil(TRAIN_BATCH * (1 + RATIO)) - TRAIN_BATCH
+    assert all(ref.complete == [False, True] for ref in refs.values())
+    aborted = trainer.over_sample.last_aborted
+    assert aborted.aborted.tolist() == [s == 0 for s in aborted.sample_index]

@@ -1,10 +1,12 @@
-"""CappedToolAgentLoop against a scripted server: the budget per turn, seeds, priority, aborts and the rollout gate.
+"""CappedToolAgentLoop against a scripted server: the budget per turn, seeds, priority, aborts, the rollout gate and
+resuming a cut trajectory (over-sample ``continue``).
 
 The loop is built from configs/agent_loops.yaml with hydra and verl's tools from recipe/tools/configs/calculator.yaml
 through verl's own ``load_all_tools``, as verl's AgentLoopWorker builds them; the tokenizer is the trained tiny
 model's (its chat template renders tools and tool replies). Only the server is scripted: each turn returns the
-tokens of a given text. The slow-tool tests run a real bubblewrap process (skipped with the reason where bwrap cannot
-run) and check it is gone after the gate closes.
+tokens of a given text (or the given token ids). The slow-tool tests run a real bubblewrap process (skipped with the
+reason where bwrap cannot run) and check it is gone after the gate closes. The resume tests store a cut run's output
+as verl's worker puts it into TransferQueue and serve it to ``fetch_partial`` in place of TransferQueue's read.
 """
 import asyncio
 import json
@@ -17,8 +19,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipe.adapter.fields import CAP, PARTIAL, SEED
+from recipe.adapter.partial import RESUME_AT, PartialRef
 from recipe.adapter.rollout_gate import GateState, GateWatch
-from recipe.adapter.tool_agent_loop import TOOL_AGENT_LOOP_NAME, CappedToolAgentLoop
+from recipe.adapter.tool_agent_loop import GENERATE, TOOL_AGENT_LOOP_NAME, TOOLS, CappedToolAgentLoop
+from recipe.adapter.turns import TOOL_CALLS
 from recipe.core.seeds import turn_seed
 from recipe.testing import tiny_sft
 from recipe.testing import tiny_tasks as tasks
@@ -42,7 +46,7 @@ def tokenizer(tokenizer_dir):
     return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
-def compose(tokenizer_dir, tmp_path, tool_config=CALC_CONFIG, response_length=64):
+def compose(tokenizer_dir, tmp_path, tool_config=CALC_CONFIG, response_length=64, extra=()):
     class Paths:
         model_dir = tokenizer_dir
         train_parquet = tiny_sft.build_calculator_parquet(tmp_path / "train.parquet", 4, 0, "train")
@@ -54,26 +58,30 @@ def compose(tokenizer_dir, tmp_path, tool_config=CALC_CONFIG, response_length=64
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={TOOL_AGENT_LOOP_NAME}",
+        *extra,
     ])
 
 
 class ScriptedServer:
-    """verl's server client for one trajectory: turn i returns ``turns[i]`` (text, stop reason); records each call."""
+    """verl's server client for one trajectory: turn i returns ``turns[i]`` (text or token ids, stop reason), with
+    ``logprob`` per token and the policy ``version`` (as verl's client reports it); records each call."""
 
-    def __init__(self, tokenizer, turns, tool_delay_s=0.0):
+    def __init__(self, tokenizer, turns, logprob=-0.5, version=0):
         self.tokenizer, self.turns, self.calls = tokenizer, list(turns), []
+        self.logprob, self.version = logprob, version
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
         self.calls.append({"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params), **kwargs})
         text, stop = self.turns.pop(0)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = list(text) if isinstance(text, list) else self.tokenizer.encode(text, add_special_tokens=False)
         if stop == "completed" and text == ANSWER:
             ids.append(self.tokenizer.convert_tokens_to_ids(tasks.IM_END))
         ids = ids[: sampling_params.get("max_tokens", len(ids))]
-        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason=stop,
-                           extra_fields={"global_steps": 0})
+        v = self.version
+        return TokenOutput(token_ids=ids, log_probs=[self.logprob] * len(ids), stop_reason=stop,
+                           extra_fields={"global_steps": v, "min_global_steps": v, "max_global_steps": v})
 
 
 def make_loop(cfg, tokenizer, server, tools):
@@ -182,15 +190,6 @@ def test_verls_tool_agent_loop_runs_the_tool_of_an_aborted_turn(tokenizer_dir, t
     assert len(server.calls) == 2 and 0 in out.response_mask
 
 
-def test_a_partial_rollout_row_is_refused_by_name(tokenizer_dir, tokenizer, tmp_path):
-    cfg = compose(tokenizer_dir, tmp_path)
-    ref = json.dumps({"key_prefix": "u", "partition_id": "train", "complete": [False], "min_version": 0,
-                      "resumes": 1, "has_logprobs": False})
-    with pytest.raises(ValueError, match="OVER_SAMPLE_REQUEUE=restart"):
-        run_loop(cfg, tokenizer, ScriptedServer(tokenizer, []), load_tools(CALC_CONFIG), {"temperature": 1.0},
-                 **row(**{PARTIAL: ref}))
-
-
 # ---------------------------------------------------------------- the rollout gate, with a real sandboxed tool
 
 
@@ -275,3 +274,311 @@ def test_a_closed_gate_starts_no_new_turn_and_no_tool(tokenizer_dir, tokenizer, 
 
     server, out = asyncio.run(scenario())
     assert server.calls == [] and out.response_ids == []
+
+
+# ---------------------------------------------------------------- resuming a cut trajectory (over-sample continue)
+
+CONTINUE = ["recipe.over_sample.enable=1", "recipe.over_sample.requeue=continue"]
+BUDGET, ROW_SEED, SESSION = 48, 11, 1
+
+
+@pytest.fixture()
+def turn_ids(tokenizer):
+    """Token ids of the two turns as Qwen3 ends them (EOS after the tool call too): (call turn, answer turn)."""
+    end = tokenizer.convert_tokens_to_ids(tasks.IM_END)
+    return (tokenizer.encode(CALL, add_special_tokens=False) + [end],
+            tokenizer.encode(ANSWER, add_special_tokens=False) + [end])
+
+
+def counted(tools, runs):
+    """verl's loaded tools, each execution appended to ``runs`` as it starts: its arguments and the chat it sees."""
+    for tool in tools:
+        async def execute(instance_id, parameters, _execute=tool.execute, **kwargs):
+            runs.append((parameters, list(kwargs["agent_data"].messages)))
+            return await _execute(instance_id, parameters, **kwargs)
+
+        tool.execute = execute
+    return tools
+
+
+def stored(monkeypatch, out):
+    """Serve ``out`` as verl's worker stores it in TransferQueue (``AgentLoopWorkerTQ._agent_loop_postprocess``) to
+    ``fetch_partial``; returns the keys it is asked for."""
+    import transfer_queue
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    record = list_of_dict_to_tensordict([{**out.as_dict(), "session_id": SESSION}])
+    asked = []
+
+    async def get(keys, partition_id, select_fields):  # like TransferQueue, fields the record lacks are left out
+        asked.append((keys, partition_id))
+        return record.select(*[f for f in select_fields if f in record.keys()])
+
+    monkeypatch.setattr(transfer_queue, "async_kv_batch_get", get)
+    return asked
+
+
+def resume_row(complete=False, cap=BUDGET):
+    """The re-queued row (session 1 of group ``u``), as the driver launches it in a run that computes log-probs."""
+    ref = PartialRef(key_prefix="u", partition_id="train", complete=[False, complete], min_version=3, resumes=1,
+                     has_logprobs=True)
+    return row(**{CAP: cap, SEED: ROW_SEED, PARTIAL: ref.to_json()})
+
+
+def run_script(cfg, tokenizer, script, runs, version=4, logprob=-0.5, **fields):
+    """One trajectory on a fresh scripted server; returns (output, server)."""
+    server = ScriptedServer(tokenizer, script, logprob=logprob, version=version)
+    out = run_loop(cfg, tokenizer, server, counted(load_tools(CALC_CONFIG), runs), {"temperature": 1.0,
+                                                                                    "logprobs": True}, **fields)
+    return out, server
+
+
+def cut_run(cfg, tokenizer, script):
+    """The aborted first attempt (policy version 3, log-probs -0.25): (output, tool executions)."""
+    runs = []
+    out, _ = run_script(cfg, tokenizer, script, runs, version=3, logprob=-0.25,
+                        **row(**{CAP: BUDGET, SEED: ROW_SEED}))
+    return out, runs
+
+
+def uncut(cfg, tokenizer, turn_ids):
+    """The trajectory an uninterrupted run with the same tokens produces."""
+    out, _ = run_script(cfg, tokenizer, [(turn_ids[0], "completed"), (turn_ids[1], "completed")], [],
+                        **row(**{CAP: BUDGET, SEED: ROW_SEED}))
+    return out
+
+
+def assert_is_stored_plus_continuation(resumed, first, reference):
+    """The trained trajectory is the cut one (tokens, mask, log-probs) followed by its continuation; with the same
+    tokens it is what the uninterrupted run produced, tool replies at mask 0."""
+    n = len(first.response_ids)
+    assert resumed.prompt_ids == first.prompt_ids == reference.prompt_ids
+    assert resumed.response_ids == reference.response_ids and resumed.response_ids[:n] == first.response_ids
+    assert resumed.response_mask == reference.response_mask and 0 in resumed.response_mask
+    assert resumed.response_logprobs[:n] == first.response_logprobs
+    assert resumed.response_logprobs[n:] == reference.response_logprobs[n:]
+    assert resumed.num_turns == reference.num_turns == 4 and resumed.extra_fields[TOOL_CALLS] == 1
+    assert RESUME_AT not in resumed.extra_fields
+    # verl's timings add up over both attempts (tool seconds feed the sampler's time key)
+    assert resumed.metrics.tool_calls >= first.metrics.tool_calls
+    assert resumed.metrics.generate_sequences >= first.metrics.generate_sequences > 0
+    # versions: the oldest is the cut attempt's (3), the newest the resume's (4)
+    assert (resumed.extra_fields["min_global_steps"], resumed.extra_fields["max_global_steps"]) == (3, 4)
+
+
+@pytest.mark.parametrize("turn", [0, 1])
+def test_a_turn_cut_mid_way_continues_after_its_stored_tokens(tokenizer_dir, tokenizer, tmp_path, monkeypatch,
+                                                               turn_ids, turn):
+    """Turn 0 cut: its continuation completes the tool call, which runs once. Turn 1 cut (after a completed tool
+    call): only the answer continues; the completed call is not run again."""
+    cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
+    call, answer = turn_ids
+    if turn == 0:
+        k = len(call) // 2
+        first, first_runs = cut_run(cfg, tokenizer, [(call[:k], "aborted")])
+        rest = [(call[k:], "completed"), (answer, "completed")]
+    else:
+        k = len(answer) // 2
+        first, first_runs = cut_run(cfg, tokenizer, [(call, "completed"), (answer[:k], "aborted")])
+        rest = [(answer[k:], "completed")]
+    at = first.extra_fields[RESUME_AT]
+    assert (at["stage"], at["assistant_turns"], at["user_turns"], len(first_runs)) == (GENERATE, turn, turn, turn)
+    asked = stored(monkeypatch, first)
+
+    runs = []
+    resumed, server = run_script(cfg, tokenizer, rest, runs, **resume_row())
+
+    assert asked == [(["u_1_0"], "train")]
+    assert len(runs) == 1 - turn  # the call completed before the cut is never re-run
+    n = len(first.response_ids)
+    continuation = server.calls[0]
+    assert continuation["prompt_ids"] == first.prompt_ids + first.response_ids
+    assert continuation["sampling_params"]["max_tokens"] == BUDGET - n
+    assert [c["sampling_params"]["seed"] for c in server.calls] == [turn_seed(ROW_SEED, SESSION, t)
+                                                                     for t in range(turn, 2)]
+    assert_is_stored_plus_continuation(resumed, first, uncut(cfg, tokenizer, turn_ids))
+
+
+def test_a_cancelled_tool_call_is_issued_again_once_on_resume(tokenizer_dir, tokenizer, tmp_path, monkeypatch,
+                                                              turn_ids):
+    """The gate closes while the calculator runs: the call is cancelled (it never replied), the trajectory ends on
+    its tool-call turn (EOS last). The resume issues that call once and goes on to the next turn."""
+    cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
+    call, answer = turn_ids
+    started = []
+
+    async def scenario():
+        state = GateState()
+        watch = GateWatch(state)
+
+        async def local_watch():
+            return watch
+
+        monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
+        tools = load_tools(CALC_CONFIG)
+
+        async def hangs(instance_id, parameters, **kwargs):  # the step is aborted while the tool runs
+            started.append((parameters, list(kwargs["agent_data"].messages)))
+            state.set(True)
+            await asyncio.sleep(30)
+
+        tools[0].execute = hangs
+        server = ScriptedServer(tokenizer, [(call, "completed")], logprob=-0.25, version=3)
+        out = await make_loop(cfg, tokenizer, server, tools).run({"temperature": 1.0, "logprobs": True},
+                                                                 **row(**{CAP: BUDGET, SEED: ROW_SEED}))
+        watch.stop()
+        return out
+
+    first = asyncio.run(scenario())
+    monkeypatch.undo()
+    assert len(started) == 1 and first.response_ids == call and first.response_mask == [1] * len(call)
+    at = first.extra_fields[RESUME_AT]
+    assert (at["stage"], at["tokens"], at["assistant_turns"]) == (TOOLS, len(call), 1)
+    stored(monkeypatch, first)
+
+    runs = []
+    resumed, server = run_script(cfg, tokenizer, [(answer, "completed")], runs, **resume_row())
+    reference = uncut(cfg, tokenizer, turn_ids)
+
+    assert runs == started  # issued again, once, on the same chat (the assistant message holds the call)
+    assert [m["role"] for m in started[0][1]] == ["user", "assistant"] and started[0][1][1]["tool_calls"]
+    assert [c["sampling_params"]["seed"] for c in server.calls] == [turn_seed(ROW_SEED, SESSION, 1)]
+    n_reply = len(reference.response_ids) - len(call) - len(answer)
+    assert server.calls[0]["sampling_params"]["max_tokens"] == BUDGET - len(call) - n_reply
+    assert_is_stored_plus_continuation(resumed, first, reference)
+
+
+def test_a_trajectory_cut_after_a_tool_reply_starts_its_next_turn(tokenizer_dir, tokenizer, tmp_path, monkeypatch,
+                                                                  turn_ids):
+    """The turn after the tool reply was refused at once (an empty aborted reply: the server was already aborting):
+    the resume starts that turn from the stored context, with no tool run."""
+    cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
+    call, answer = turn_ids
+    first, first_runs = cut_run(cfg, tokenizer, [(call, "completed"), ([], "aborted")])
+    assert len(first_runs) == 1 and first.extra_fields[RESUME_AT]["tokens"] == len(first.response_ids)
+    stored(monkeypatch, first)
+
+    runs = []
+    resumed, server = run_script(cfg, tokenizer, [(answer, "completed")], runs, **resume_row())
+
+    assert runs == []
+    assert server.calls[0]["prompt_ids"] == first.prompt_ids + first.response_ids
+    assert server.calls[0]["sampling_params"]["max_tokens"] == BUDGET - len(first.response_ids)
+    assert [c["sampling_params"]["seed"] for c in server.calls] == [turn_seed(ROW_SEED, SESSION, 1)]
+    assert_is_stored_plus_continuation(resumed, first, uncut(cfg, tokenizer, turn_ids))
+
+
+def test_a_trajectory_cut_before_its_first_turn_starts_afresh(tokenizer_dir, tokenizer, tmp_path, monkeypatch,
+                                                             turn_ids):
+    """The gate was closed before the first turn: nothing is stored but the chat; the resume is a whole run, whose
+    oldest policy version is still the cut attempt's."""
+    cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
+
+    async def closed_gate():
+        state = GateState()
+        state.set(True)
+        watch = GateWatch(state)
+        await asyncio.sleep(0)  # the watch's first poll sees the closed gate
+
+        async def local_watch():
+            return watch
+
+        monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
+        server = ScriptedServer(tokenizer, [])
+        out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run(
+            {"temperature": 1.0, "logprobs": True}, **row(**{CAP: BUDGET, SEED: ROW_SEED}))
+        watch.stop()
+        return out
+
+    first = asyncio.run(closed_gate())
+    monkeypatch.undo()
+    assert first.response_ids == [] and first.extra_fields[RESUME_AT]["tokens"] == 0
+    stored(monkeypatch, first)
+
+    runs = []
+    resumed, server = run_script(cfg, tokenizer, [(turn_ids[0], "completed"), (turn_ids[1], "completed")], runs,
+                                 **resume_row())
+    reference = uncut(cfg, tokenizer, turn_ids)
+
+    assert len(runs) == 1 and server.calls[0]["sampling_params"]["max_tokens"] == BUDGET
+    assert (resumed.response_ids, resumed.response_mask, resumed.response_logprobs) == (
+        reference.response_ids, reference.response_mask, reference.response_logprobs)
+    assert (resumed.extra_fields["min_global_steps"], resumed.extra_fields["max_global_steps"]) == (3, 4)
+
+
+@pytest.mark.parametrize("how", ["complete", "never cut"])
+def test_a_finished_session_is_returned_as_it_was(tokenizer_dir, tokenizer, tmp_path, monkeypatch, turn_ids, how):
+    """``complete`` in the reference (the driver saw it finished), or a record the abort never cut: nothing runs."""
+    cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
+    call, answer = turn_ids
+    if how == "complete":
+        first, _ = cut_run(cfg, tokenizer, [(call, "completed"), (answer[:3], "aborted")])
+    else:
+        first = uncut(cfg, tokenizer, turn_ids)
+    stored(monkeypatch, first)
+
+    runs = []
+    out, server = run_script(cfg, tokenizer, [], runs, **resume_row(complete=how == "complete"))
+
+    assert server.calls == [] and runs == []
+    assert (out.prompt_ids, out.response_ids, out.response_mask, out.response_logprobs, out.num_turns) == (
+        first.prompt_ids, first.response_ids, first.response_mask, first.response_logprobs, first.num_turns)
+    assert out.extra_fields == {k: v for k, v in first.extra_fields.items() if k != RESUME_AT}
+    assert out.metrics == first.metrics
+
+
+@pytest.mark.parametrize("stage", [GENERATE, TOOLS])
+def test_stored_tokens_that_fill_the_budget_end_the_trajectory(tokenizer_dir, tokenizer, tmp_path, monkeypatch,
+                                                               turn_ids, stage):
+    """The budget counts the stored tokens: a resumed launch whose cap they already fill generates nothing and runs
+    no tool (a cut turn is not parsed; a pending tool call's reply could not join)."""
+    cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
+    call, _ = turn_ids
+    script = [(call[:-4], "aborted")] if stage == GENERATE else [(call, "completed"), ([], "aborted")]
+    first, _ = cut_run(cfg, tokenizer, script)
+    if stage == TOOLS:  # cut as if the tool stage had been cancelled: the tool reply was never appended
+        first = first.model_copy(update={"response_ids": call, "response_mask": [1] * len(call),
+                                         "response_logprobs": [-0.25] * len(call)})
+        first.extra_fields[RESUME_AT].update(stage=TOOLS, tokens=len(call), pending_calls=[
+            {"name": "calculator", "arguments": '{"expression": "12*7+3"}', "tool_call_id": None}])
+    stored(monkeypatch, first)
+
+    runs = []
+    out, server = run_script(cfg, tokenizer, [], runs, **resume_row(cap=len(first.response_ids)))
+
+    assert server.calls == [] and runs == []
+    assert out.response_ids == first.response_ids and out.response_mask == first.response_mask
+
+
+def test_mask_stale_tokens_leaves_only_the_continuation_in_the_loss(tokenizer_dir, tokenizer, tmp_path, monkeypatch,
+                                                                    turn_ids):
+    cfg = compose(tokenizer_dir, tmp_path, extra=[*CONTINUE, "recipe.over_sample.mask_stale_tokens=true"])
+    call, answer = turn_ids
+    first, _ = cut_run(cfg, tokenizer, [(call, "completed"), (answer[:4], "aborted")])
+    stored(monkeypatch, first)
+
+    resumed, _ = run_script(cfg, tokenizer, [(answer[4:], "completed")], [], **resume_row())
+
+    n = len(first.response_ids)
+    assert resumed.response_mask == [0] * n + [1] * (len(answer) - 4)
+    assert resumed.response_ids == uncut(cfg, tokenizer, turn_ids).response_ids
+
+
+def test_a_cut_run_records_where_to_resume_only_in_continue_mode(tokenizer_dir, tokenizer, tmp_path, turn_ids):
+    cfg = compose(tokenizer_dir, tmp_path)  # over-sample restart (the default)
+    first, _ = cut_run(cfg, tokenizer, [(turn_ids[0][:5], "aborted")])
+    assert RESUME_AT not in first.extra_fields
+
+
+def test_a_multimodal_model_is_refused_by_name(tokenizer_dir, tokenizer, tmp_path, monkeypatch, turn_ids):
+    cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
+    first, _ = cut_run(cfg, tokenizer, [(turn_ids[0][:5], "aborted")])
+    stored(monkeypatch, first)
+
+    async def go():
+        loop = make_loop(cfg, tokenizer, ScriptedServer(tokenizer, []), load_tools(CALC_CONFIG))
+        loop.processor = object()  # what verl sets for a vision-language model
+        return await loop.run({"temperature": 1.0}, **resume_row())
+
+    with pytest.raises(ValueError, match="text-only.*OVER_SAMPLE_REQUEUE=restart"):
+        asyncio.run(go())

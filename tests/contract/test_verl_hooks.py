@@ -43,8 +43,10 @@ PARAMS = [
     # agent loop
     ("verl.experimental.agent_loop.single_turn_agent_loop:SingleTurnAgentLoop.run",
      ["self", "sampling_params", "priority", "**kwargs"], "recipe/adapter/agent_loop.py"),
-    # multi-turn: recipe/adapter/tool_agent_loop.py overrides these three
+    # multi-turn: recipe/adapter/tool_agent_loop.py overrides these four
     (f"{TOOL_LOOP}.run", ["self", "sampling_params", "priority", "**kwargs"], "CappedToolAgentLoop.run"),
+    (f"{TOOL_LOOP}._handle_pending_state", ["self", "agent_data", "sampling_params"],
+     "CappedToolAgentLoop._handle_pending_state (a resumed trajectory's state rebuilt after the prompt)"),
     (f"{TOOL_LOOP}._handle_generating_state", ["self", "agent_data", "sampling_params", "ignore_termination"],
      "CappedToolAgentLoop._handle_generating_state (per-turn max_tokens and seed, aborted turns)"),
     (f"{TOOL_LOOP}._handle_processing_tools_state", ["self", "agent_data"],
@@ -202,6 +204,50 @@ def test_tool_agent_loop_behaviour_the_capped_loop_relies_on():
                  ['priority = kwargs.pop("priority", 0)'], recheck)
     # a tool exception becomes an error reply, but cancellation (BaseException) propagates to the gate's race
     check_source(f"{TOOL_LOOP}._call_tool", ["except Exception as e:"], recheck)
+
+
+def test_tool_agent_loop_state_a_resume_rebuilds():
+    """Over-sample ``continue`` on multi-turn (CappedToolAgentLoop._restore / _cut, recipe/adapter/partial.py): the
+    AgentData fields a resume sets, where verl's loop starts and what it builds the output from."""
+    recheck = "CappedToolAgentLoop._restore / _boundary / _cut (recipe/adapter/tool_agent_loop.py)"
+    check_source("verl.experimental.agent_loop.tool_agent_loop:AgentData.__init__",
+                 ["self.messages = messages", "self.metrics = metrics", "self.prompt_ids: list[int] = []",
+                  "self.response_mask: list[int] = []", "self.response_logprobs: list[float] = []",
+                  "self.turn_scores: list[float] = []", "self.tool_rewards: list[float] = []", "self.user_turns = 0",
+                  "self.assistant_turns = 0", "self.tool_calls: list[FunctionCall] = []",
+                  "self.extra_fields: dict[str, Any] = {}"], recheck)
+    # the machine starts in PENDING, which only builds the prompt: the restored state is entered from there
+    check_order(f"{TOOL_LOOP}.run", "state = AgentState.PENDING", "await self._handle_pending_state(", recheck)
+    check_source(f"{TOOL_LOOP}._handle_pending_state", ["agent_data.prompt_ids = prompt_ids",
+                                                        "return AgentState.GENERATING"], recheck)
+    check_source(f"{TOOL_LOOP}.run", ["num_turns=agent_data.user_turns + agent_data.assistant_turns + 1",
+                                      "metrics=agent_data.metrics", "extra_fields=agent_data.extra_fields",
+                                      '"turn_scores": agent_data.turn_scores, "tool_rewards": agent_data.tool_rewards'],
+                 recheck)
+    # a continued turn is merged and parsed whole (ContinueFrom returns stored + new tokens as one turn); restored
+    # version fields keep the first turn's versions, later turns only raise max_global_steps
+    check_source(f"{TOOL_LOOP}._handle_generating_state",
+                 ["agent_data.response_ids = output.token_ids", "if not agent_data.extra_fields:",
+                  'agent_data.extra_fields["max_global_steps"] = max_global_steps',
+                  "assistant_logprobs=output.log_probs if output.log_probs else None"], recheck)
+    # a cancelled tool stage leaves the trajectory as it found it: verl changes it only after every call replied
+    check_order(f"{TOOL_LOOP}._handle_processing_tools_state", "responses = await asyncio.gather(*tasks)",
+                "agent_data.messages.extend(add_messages)", recheck)
+    check_source(f"{TOOL_LOOP}._handle_processing_tools_state", ["previous_messages = list(agent_data.messages)"],
+                 recheck)
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+    from verl.experimental.agent_loop.tool_parser import FunctionCall
+
+    assert {"name", "arguments", "tool_call_id"} == set(FunctionCall.model_fields), recheck
+    assert {"prompt_ids", "response_ids", "response_mask", "response_logprobs", "multi_modal_data", "num_turns",
+            "metrics", "extra_fields"} <= set(AgentLoopOutput.model_fields), recheck
+    # what the stored record holds (recipe.adapter.partial.fetch_partial reads these fields back)
+    check_source("verl.experimental.agent_loop.agent_loop:AgentLoopOutput.as_dict",
+                 ['output["prompts"]', 'output["responses"]', 'output["response_mask"]',
+                  'output["rollout_log_probs"]'], "recipe.adapter.partial.fetch_partial")
+    check_source("verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess",
+                 ["field = output.as_dict()", 'keys.append(f"{uid}_{session_id}_{i}")'],
+                 "recipe.adapter.partial.fetch_partial (PartialRef.key)")
 
 
 def test_vllm_server_rejects_late_requests_when_asked():
