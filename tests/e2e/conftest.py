@@ -61,10 +61,15 @@ def _multi_turn(name: str, extra: dict, args: tuple = ()):
         tools = slow_tool_config(launcher.base / name, TOOL_LATENCY_S)
 
         def job(launcher: Launcher) -> Run:
+            # verl's dump of each step's trained text (beside the run's directory: Launcher.run finds the
+            # experiment as the one directory under its own)
+            dumps = launcher.base / f"{name}-rollouts"
             run = launcher.run(name, {"MULTI_TURN": "1", "TOOL_CONFIG": str(tools), "TOTAL_EPOCHS": "2", **extra},
-                               args=(f"trainer.total_training_steps={MULTI_TURN_STEPS}", *args))
+                               args=(f"trainer.total_training_steps={MULTI_TURN_STEPS}",
+                                     f"trainer.rollout_data_dir={dumps}", *args))
             run.tool_events, run.tool_latency_s, run.steps = tools.parent / "tool_events.jsonl", TOOL_LATENCY_S, \
                 MULTI_TURN_STEPS
+            run.dumps = dumps
             return run
 
         return job
@@ -125,7 +130,9 @@ def _restart_without_sync(launcher: Launcher):
 JOBS = {"resampler_run": lambda launcher: _resampler, "multi_turn_resume_run": lambda launcher: _multi_turn_resume,
         "baseline_run": lambda launcher: _baseline,
         "restart_without_sync_run": _restart_without_sync, "continue_run": lambda launcher: _continue,
-        "multi_turn_os_run": _multi_turn("mt-os", {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25"},
+        "multi_turn_os_run": _multi_turn("mt-os", {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25",
+                                                   "OVER_SAMPLE_REQUEUE": "continue",
+                                                   "ROLLOUT_SCHEDULING_POLICY": "priority"},
                                          args=("recipe.over_sample.abort_events=1",)),
         "multi_turn_tail_cut_run": _multi_turn("mt-tail-cut", {"TAIL_CUT_ENABLE": "1", "TAIL_CUT_FRACTION": "0.6",
                                                                "TAIL_CUT_LEVEL_EXPONENT": "0",
@@ -210,9 +217,10 @@ def continue_run() -> Run:
 
 @pytest.fixture(scope="session")
 def multi_turn_os_run() -> Run:
-    """``MULTI_TURN=1`` with over-sample ``restart`` and a calculator that takes TOOL_LATENCY_S in a sandboxed
-    process: aborts catch trajectories mid-turn and mid-tool. ``run.tool_events``: every tool call's start and end;
-    the driver's over_sample_events.jsonl: when each group was aborted."""
+    """``MULTI_TURN=1`` with over-sample ``continue`` (vLLM priority scheduling, as in ``continue_run``) and a
+    calculator that takes TOOL_LATENCY_S in a sandboxed process: aborts catch trajectories mid-turn and mid-tool, and
+    the next step resumes them. ``run.tool_events``: every tool call's start and end; the driver's
+    over_sample_events.jsonl: when each group was aborted, with its partial texts; ``run.dumps``: the trained text."""
     return _result("multi_turn_os_run")
 
 

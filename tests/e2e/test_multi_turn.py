@@ -1,14 +1,15 @@
 """Multi-turn tool calling through verl's real loop on the CPU (``MULTI_TURN=1``): the trained tiny model calls the
 recipe's calculator (here slowed by a sandboxed process, ``run.tool_latency_s``) through ``CappedToolAgentLoop``.
 
-Three runs (conftest.py): over-sample ``restart`` (``multi_turn_os_run``) and the tail cut at 60%
+Three runs (conftest.py): over-sample ``continue`` (``multi_turn_os_run``) and the tail cut at 60%
 (``multi_turn_tail_cut_run``), both with the slow calculator and 8 steps; and the preset as the main command runs it
 (the real calculator, 18 steps) killed with SIGKILL after a checkpoint and relaunched (``multi_turn_resume_run``,
 two launches). Together they show: real tool calls in most trajectories, each taking the tool's real latency; the
 token budget respected; aborts that find trajectories mid-tool cancel the call and kill its process (every call
 logged as started has an end, ``cancelled`` ones at an abort), the settle not waiting for the tool; every prompt
 trained once per epoch; a tail cut that ends each step instead of deadlocking on a trajectory that wants another
-turn; a relaunch that redoes the killed launch's steps exactly, tool calls and all; and GRPO's reward rising as the
+turn; aborted trajectories resumed from where they were cut, their tool replies kept; a relaunch that redoes the
+killed launch's steps exactly, tool calls and all; and GRPO's reward rising as the
 policy learns to call the tool.
 """
 import json
@@ -95,6 +96,41 @@ def test_over_sample_settles_without_waiting_for_tools_and_trains_every_prompt_o
     assert sorted(trained[0]) == list(range(N_TRAIN)), "epoch 0: every prompt trained exactly once"
     assert len(trained[1]) == len(set(trained[1]))
     assert sum(m["rollout/over_sample/aborted_groups"] for m in metrics.values()) >= STEPS_PER_EPOCH - 2
+
+
+def test_continue_resumes_aborted_trajectories_where_they_were_cut(multi_turn_os_run):
+    """Each trajectory of a group aborted in ``continue`` mode is trained next step as the trajectory it was cut
+    with, followed by the rest (verl's dump of the trained text starts with the aborted text, tool replies included:
+    they are kept, not asked again): the finished ones as they were, the cut ones grown. And the run's tool-call
+    counts match the tool replies in the trained text."""
+    run = multi_turn_os_run
+    events = [json.loads(line) for line in (run.run_dir / "over_sample_events.jsonl").read_text().splitlines()]
+    traces, metrics = run.traces(), run.metrics()
+    aborted_at = {(e["step"], e["dataset_item_idx"]) for e in events}
+    groups = grown = grown_after_reply = 0
+    for event in events:
+        step, row = event["step"], event["dataset_item_idx"]
+        if not event["resumes_next"] or step + 1 not in traces or (step + 1, row) in aborted_at:
+            continue  # the last step, or lost again (its one resume used: it restarts)
+        trained = [json.loads(line) for line in (run.dumps / f"{step + 1}.jsonl").read_text().splitlines()]
+        for session in event["sessions"]:
+            match = [t for t in trained
+                     if t["input"] == event["prompt"] and int(t["uid"].rsplit("_", 2)[1]) == session["session"]]
+            assert len(match) == 1, f"row {row} resumed at step {step + 1}"
+            partial = session["text"].rstrip("\ufffd")  # a byte-level token may end mid-character
+            assert match[0]["output"].startswith(partial), (row, session["session"])
+            if len(match[0]["output"]) > len(partial):
+                grown += 1
+                grown_after_reply += "<tool_response>" in partial
+        groups += 1
+    print(f"{groups} groups resumed, {grown} trajectories grown after the resume ({grown_after_reply} of them "
+          "after a tool reply)")
+    assert grown, "no aborted trajectory was resumed and continued"
+    assert sum(m["rollout/over_sample/resumed_groups"] for m in metrics.values()) >= groups
+    for step, rec in traces.items():
+        outputs = [json.loads(line)["output"] for line in (run.dumps / f"{step}.jsonl").read_text().splitlines()]
+        replies = sorted(o.count("<tool_response>") for o in outputs)
+        assert replies == sorted(rec["tool_calls"][:BATCH * N]), f"step {step}: tool calls counted != replies"
 
 
 def test_the_tail_cut_ends_multi_turn_steps_and_trains_the_cut_trajectories(multi_turn_tail_cut_run):
