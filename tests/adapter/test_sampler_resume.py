@@ -33,8 +33,9 @@ def make_sampler(**kw):
     return LengthAwareEpochSampler(Rows(), batch_size=B, bucket_size=64, seed=11, **kw)
 
 
-def run_steps(loader, sampler, it, k):
-    """Consume k batches the way verl does (re-iterating at epoch end) and feed back lengths like step()."""
+def run_steps(loader, sampler, it, k, tool_calls=None):
+    """Consume k batches the way verl does (re-iterating at epoch end) and feed back lengths like step(); with
+    ``tool_calls`` (rows -> calls) each response's tool calls too, 2 s each, as the trainer does."""
     out = []
     for _ in range(k):
         try:
@@ -43,7 +44,11 @@ def run_steps(loader, sampler, it, k):
             it = iter(loader)
             batch = next(it)
         rows = np.repeat(batch, 2)
-        sampler.update(rows, true_length(rows))
+        if tool_calls is None:
+            sampler.update(rows, true_length(rows))
+        else:
+            calls = tool_calls(rows)
+            sampler.update(rows, true_length(rows), tool_calls=calls, tool_s=2.0 * calls)
         out.append(list(batch))
     return out, it
 
@@ -129,19 +134,7 @@ def tool_calls_of(rows):
 
 
 def run_tool_steps(loader, sampler, it, k):
-    """``run_steps`` with each response's tool calls (2 s each) fed back as the trainer does."""
-    out = []
-    for _ in range(k):
-        try:
-            batch = next(it)
-        except StopIteration:
-            it = iter(loader)
-            batch = next(it)
-        rows = np.repeat(batch, 2)
-        calls = tool_calls_of(rows)
-        sampler.update(rows, true_length(rows), tool_calls=calls, tool_s=2.0 * calls)
-        out.append(list(batch))
-    return out, it
+    return run_steps(loader, sampler, it, k, tool_calls=tool_calls_of)
 
 
 def test_order_by_time_sorts_the_next_epoch_by_expected_time():

@@ -254,19 +254,25 @@ def test_closing_the_gate_cancels_a_running_tool_and_kills_its_process(
     assert no_bwrap_within(5)
 
 
+async def closed_gate_watch(monkeypatch) -> GateWatch:
+    """A watch on a closed gate, handed to the loop in place of the Ray actor's (stop it after the run)."""
+    state = GateState()
+    state.set(True)
+    watch = GateWatch(state)
+    await asyncio.sleep(0)  # the watch's first poll sees the closed gate
+
+    async def local_watch():
+        return watch
+
+    monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
+    return watch
+
+
 def test_a_closed_gate_starts_no_new_turn_and_no_tool(tokenizer_dir, tokenizer, tmp_path, monkeypatch):
     cfg = compose(tokenizer_dir, tmp_path)
 
     async def scenario():
-        state = GateState()
-        state.set(True)
-        watch = GateWatch(state)
-        await asyncio.sleep(0)  # the watch's first poll sees the closed gate
-
-        async def local_watch():
-            return watch
-
-        monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
+        watch = await closed_gate_watch(monkeypatch)
         server = ScriptedServer(tokenizer, [(CALL, "completed"), (ANSWER, "completed")])
         out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run({"temperature": 1.0}, **row())
         watch.stop()
@@ -475,15 +481,7 @@ def test_a_trajectory_cut_before_its_first_turn_starts_afresh(tokenizer_dir, tok
     cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
 
     async def closed_gate():
-        state = GateState()
-        state.set(True)
-        watch = GateWatch(state)
-        await asyncio.sleep(0)  # the watch's first poll sees the closed gate
-
-        async def local_watch():
-            return watch
-
-        monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
+        watch = await closed_gate_watch(monkeypatch)
         server = ScriptedServer(tokenizer, [])
         out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run(
             {"temperature": 1.0, "logprobs": True}, **row(**{CAP: BUDGET, SEED: ROW_SEED}))
