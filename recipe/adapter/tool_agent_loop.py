@@ -203,16 +203,13 @@ class CappedToolAgentLoop(ToolAgentLoop):
             tool_rewards=list(agent_data.tool_rewards), tool_calls_done=self._tool_calls,
             pending_calls=[call.model_dump() for call in agent_data.tool_calls] if stage == TOOLS else [])
 
-    def _gate_closed(self) -> bool:
-        return self.gate is not None and self.gate.closed
-
     async def _handle_generating_state(self, agent_data: AgentData, sampling_params: dict[str, Any],
                                        ignore_termination: bool = False) -> AgentState:
         remaining = self.response_length - len(agent_data.response_mask)
         if remaining <= 0:
             return AgentState.TERMINATED
         boundary = self._boundary(agent_data)
-        if self._gate_closed():  # the step is being aborted: a new turn would wait for (or be refused) a resume
+        if self.gate is not None and self.gate.closed:  # the step is being aborted: a new turn would wait for (or be refused) a resume
             self._cut(GENERATE, boundary, agent_data)
             return AgentState.TERMINATED
         params = {**sampling_params, "max_tokens": remaining}
@@ -226,12 +223,12 @@ class CappedToolAgentLoop(ToolAgentLoop):
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
         calls = len(agent_data.tool_calls[: self.max_parallel_calls])
-        state = await self._run_tools(agent_data)
+        state = await self._run_tools(agent_data, calls)
         if state == AgentState.GENERATING:  # the replies joined the context (verl ends it when they do not fit)
             self._tool_calls += calls
         return state
 
-    async def _run_tools(self, agent_data: AgentData) -> AgentState:
+    async def _run_tools(self, agent_data: AgentData, calls: int) -> AgentState:
         if self.gate is None:
             return await super()._handle_processing_tools_state(agent_data)
         if self.gate.closed:
@@ -249,7 +246,7 @@ class CappedToolAgentLoop(ToolAgentLoop):
         if tools.cancelled():
             # a warning, so the run's log shows each cancellation (the e2e test counts them)
             logger.warning("%s: rollout aborted during a tool call: %d call(s) cancelled, the trajectory ends",
-                           agent_data.request_id, len(agent_data.tool_calls[: self.max_parallel_calls]))
+                           agent_data.request_id, calls)
             # verl changes the trajectory only once every call has replied: it is as the stage found it
             self._cut(TOOLS, self._boundary(agent_data), agent_data)
             return AgentState.TERMINATED
