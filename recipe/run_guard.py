@@ -2,9 +2,11 @@
 
 A verl run on a CPU starts a Ray cluster, a vLLM replica, FSDP workers and TransferQueue; when something inside
 raises at the wrong moment (e.g. vLLM during a weight sync) verl's driver can wait forever. CMD runs in its own
-session, and on the time limit, on SIGINT/SIGTERM to the guard, or when CMD itself exits, the guard signals that
-whole session (TERM, then KILL after a grace period), so nothing it started outlives it. Exit status: CMD's, or 124
-on the time limit (as coreutils ``timeout``). Linux only (a session's processes are found through /proc).
+session, and on the time limit, on SIGINT/SIGTERM to the guard, when the guard's parent ends (``train_grpo.sh``
+killed on its own, e.g. ``pkill -f train_grpo.sh``: bash dies at once and would leave the run going), or when CMD
+itself exits, the guard signals that whole session (TERM, then KILL after a grace period), so nothing it started
+outlives it. Exit status: CMD's, 124 on the time limit (as coreutils ``timeout``), 128 + the signal on a signal,
+129 (as SIGHUP) when the parent ended. Linux only (a session's processes are found through /proc).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ def end_session(sid: int, grace_s: float = 10.0) -> None:
 
 
 def run(cmd: list[str], timeout_s: float, grace_s: float = 10.0) -> int:
+    parent = os.getppid()
     child = subprocess.Popen(cmd, start_new_session=True)
     stop = {"signal": None}
 
@@ -58,20 +61,23 @@ def run(cmd: list[str], timeout_s: float, grace_s: float = 10.0) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     deadline = time.monotonic() + timeout_s
-    status = None
-    while status is None and stop["signal"] is None and time.monotonic() < deadline:
+    status, orphaned = None, False
+    while status is None and stop["signal"] is None and not orphaned and time.monotonic() < deadline:
         try:
             status = child.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
-            pass
+            orphaned = os.getppid() != parent  # re-parented: whoever started the guard has gone
     if status is None:
-        why = f"signal {stop['signal']}" if stop["signal"] is not None else f"time limit {timeout_s:g}s"
+        why = (f"signal {stop['signal']}" if stop["signal"] is not None
+               else f"parent process {parent} ended" if orphaned else f"time limit {timeout_s:g}s")
         print(f"run_guard: {why}: ending {' '.join(cmd[:3])}... and everything it started", file=sys.stderr,
               flush=True)
     end_session(child.pid, grace_s)
     if status is None:
-        status = child.wait()
-        return 124 if stop["signal"] is None else 128 + stop["signal"]
+        child.wait()
+        if stop["signal"] is not None:
+            return 128 + stop["signal"]
+        return 128 + signal.SIGHUP if orphaned else 124
     return status
 
 

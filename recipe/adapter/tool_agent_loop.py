@@ -24,8 +24,9 @@ makes it the default agent loop. What it changes, and why:
   cut mid-way continues after its stored tokens (``ContinueFrom``) and the whole turn is parsed for tool calls; a
   turn whose tool calls were cancelled (they never replied) issues them again; a trajectory cut after a tool reply
   starts its next turn. Completed tool calls are never re-run (their replies are in the stored tokens, mask 0); the
-  trained trajectory is the stored one plus its continuation, and the budget counts the stored tokens. A session
-  that had finished is returned as it was. Text-only: a multimodal model's images are not restored.
+  trained trajectory is the stored one plus its continuation, and the budget counts the stored tokens (stored tokens
+  already past this step's cap end the trajectory as it is, uncut). A session that had finished is returned as it
+  was. Text-only: a multimodal model's images are not restored.
 """
 from __future__ import annotations
 
@@ -115,8 +116,8 @@ class CappedToolAgentLoop(ToolAgentLoop):
             raise RuntimeError("CappedToolAgentLoop holds one trajectory's budget: build one loop per trajectory "
                                "(as verl's AgentLoopWorker does)")
         self._ran = True
-        cap = row_int(kwargs.get(CAP))
-        if 0 < cap < self.response_length:
+        full, cap = self.response_length, row_int(kwargs.get(CAP))
+        if 0 < cap < full:
             self.response_length = cap
         seed = row_int(kwargs.get(SEED), absent=-1)
         self._seed = (seed, int(kwargs["session_id"])) if seed >= 0 else None
@@ -130,6 +131,9 @@ class CappedToolAgentLoop(ToolAgentLoop):
             if at is None:  # finished before the abort: nothing to generate
                 return self._stale_masked(_as_stored(stored), stored)
             self._resumed_from = (stored, at)
+            # never below what the trajectory holds: one already past this step's cap is trained as it is (as a
+            # single-turn one is), not cut back to the cap by verl's final cut
+            self.response_length = max(self.response_length, min(len(stored.tokens), full))
             server = ContinueFrom(server, stored.tokens[at.tokens:],
                                   stored.logprobs[at.tokens:] if stored.logprobs is not None else None,
                                   complete=False, min_version=ref.min_version, limit=self.response_length)

@@ -525,11 +525,13 @@ def test_a_finished_session_is_returned_as_it_was(tokenizer_dir, tokenizer, tmp_
     assert out.metrics == first.metrics
 
 
+@pytest.mark.parametrize("past_cap", [0, 5], ids=["fill", "past"])
 @pytest.mark.parametrize("stage", [GENERATE, TOOLS])
 def test_stored_tokens_that_fill_the_budget_end_the_trajectory(tokenizer_dir, tokenizer, tmp_path, monkeypatch,
-                                                               turn_ids, stage):
+                                                               turn_ids, stage, past_cap):
     """The budget counts the stored tokens: a resumed launch whose cap they already fill generates nothing and runs
-    no tool (a cut turn is not parsed; a pending tool call's reply could not join)."""
+    no tool (a cut turn is not parsed; a pending tool call's reply could not join). Stored tokens past this step's
+    cap (a smaller cap than the step that cut them) are trained as they are, not cut back to the cap."""
     cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
     call, _ = turn_ids
     script = [(call[:-4], "aborted")] if stage == GENERATE else [(call, "completed"), ([], "aborted")]
@@ -542,7 +544,7 @@ def test_stored_tokens_that_fill_the_budget_end_the_trajectory(tokenizer_dir, to
     stored(monkeypatch, first)
 
     runs = []
-    out, server = run_script(cfg, tokenizer, [], runs, **resume_row(cap=len(first.response_ids)))
+    out, server = run_script(cfg, tokenizer, [], runs, **resume_row(cap=len(first.response_ids) - past_cap))
 
     assert server.calls == [] and runs == []
     assert out.response_ids == first.response_ids and out.response_mask == first.response_mask

@@ -52,13 +52,17 @@ SPECULATIVE = {"ROLLOUT_SPECULATIVE": "ngram", "ROLLOUT_SPECULATIVE_MAX_BATCH": 
 # trajectories in a tool call as well as mid-turn; every call's start and end go to the run's tool_events.jsonl.
 TOOL_LATENCY_S = 1.5
 MULTI_TURN_STEPS = 8
+# In the over-sample run, 1 call in 16 takes 6 s: a step's calls start together and, all 1.5 s, end together before
+# its last answers, so the abort (8 of 10 groups done, ~4 s into the step) found none in flight in one CI run of
+# three. A step has ~28 calls: most steps have one or two slow ones, whose groups are then the two left to abort.
+SLOW_TOOL = {"slow_share": 1 / 16, "slow_latency_s": 6.0}
 
 
-def _multi_turn(name: str, extra: dict, args: tuple = ()):
+def _multi_turn(name: str, extra: dict, args: tuple = (), slow: dict | None = None):
     def prepare(launcher: Launcher):
         from recipe.testing.slow_tool import slow_tool_config
 
-        tools = slow_tool_config(launcher.base / name, TOOL_LATENCY_S)
+        tools = slow_tool_config(launcher.base / name, TOOL_LATENCY_S, **(slow or {}))
 
         def job(launcher: Launcher) -> Run:
             # verl's dump of each step's trained text (beside the run's directory: Launcher.run finds the
@@ -133,7 +137,7 @@ JOBS = {"resampler_run": lambda launcher: _resampler, "multi_turn_resume_run": l
         "multi_turn_os_run": _multi_turn("mt-os", {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25",
                                                    "OVER_SAMPLE_REQUEUE": "continue",
                                                    "ROLLOUT_SCHEDULING_POLICY": "priority"},
-                                         args=("recipe.over_sample.abort_events=1",)),
+                                         args=("recipe.over_sample.abort_events=1",), slow=SLOW_TOOL),
         "multi_turn_tail_cut_run": _multi_turn("mt-tail-cut", {"TAIL_CUT_ENABLE": "1", "TAIL_CUT_FRACTION": "0.6",
                                                                "TAIL_CUT_LEVEL_EXPONENT": "0",
                                                                "SAMPLER_ORDER_BY": "time"})}
@@ -218,8 +222,8 @@ def continue_run() -> Run:
 @pytest.fixture(scope="session")
 def multi_turn_os_run() -> Run:
     """``MULTI_TURN=1`` with over-sample ``continue`` (vLLM priority scheduling, as in ``continue_run``) and a
-    calculator that takes TOOL_LATENCY_S in a sandboxed process: aborts catch trajectories mid-turn and mid-tool, and
-    the next step resumes them. ``run.tool_events``: every tool call's start and end; the driver's
+    calculator that takes TOOL_LATENCY_S in a sandboxed process, a few calls far longer (SLOW_TOOL): aborts catch
+    trajectories mid-turn and mid-tool, and the next step resumes them. ``run.tool_events``: every tool call's start and end; the driver's
     over_sample_events.jsonl: when each group was aborted, with its partial texts; ``run.dumps``: the trained text."""
     return _result("multi_turn_os_run")
 

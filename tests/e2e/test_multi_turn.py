@@ -33,19 +33,32 @@ def tool_calls(run) -> dict[str, list[dict]]:
     return calls
 
 
+def stored_tokens(run) -> dict[tuple[int, int, int], int]:
+    """(step, row, session) -> the tokens an over-sample abort the step before stored for that trajectory to resume
+    (none in a run without over-sampling)."""
+    path = run.run_dir / "over_sample_events.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return {(e["step"] + 1, e["dataset_item_idx"], s["session"]): s["tokens"]
+            for e in events if e["resumes_next"] for s in e["sessions"]}
+
+
 @pytest.fixture(params=["multi_turn_os_run", "multi_turn_tail_cut_run"], ids=["over-sample", "tail-cut"])
 def mt_run(request):
     return request.getfixturevalue(request.param)
 
 
 def test_trajectories_call_the_sandboxed_tool_within_their_budget(mt_run):
-    traces, metrics = mt_run.traces(), mt_run.metrics()
+    traces, metrics, stored = mt_run.traces(), mt_run.metrics(), stored_tokens(mt_run)
     assert len(traces) == mt_run.steps
     called = total = 0
     for step, rec in traces.items():
         trained = BATCH * N
-        limit = min(rec["cap"] or RESPONSE_LENGTH, RESPONSE_LENGTH)
-        assert max(rec["lengths"][:trained]) <= limit, f"step {step}: a trajectory over its budget {limit}"
+        cap = min(rec["cap"] or RESPONSE_LENGTH, RESPONSE_LENGTH)
+        for row, session, length in zip(rec["rows"][:trained], rec["sample_index"][:trained],
+                                        rec["lengths"][:trained]):
+            # a resumed trajectory already past this step's cap is trained as it was stored
+            limit = max(cap, min(stored.get((step, row, session), 0), RESPONSE_LENGTH))
+            assert length <= limit, f"step {step}: row {row} session {session} over its budget {limit}"
         for calls, tool_tokens, tool_s, n_turns in zip(rec["tool_calls"][:trained], rec["tool_tokens"][:trained],
                                                         rec["tool_s"][:trained], rec["num_turns"][:trained]):
             total += 1
