@@ -22,8 +22,9 @@ makes it the default agent loop. What it changes, and why:
   was cut. The re-queued row's loop fetches the stored trajectory (``recipe.adapter.partial``) and rebuilds verl's
   state from it in ``_handle_pending_state``, so the rest of verl's state machine runs unchanged: an assistant turn
   cut mid-way continues after its stored tokens (``ContinueFrom``) and the whole turn is parsed for tool calls; a
-  turn whose tool calls were cancelled (they never replied) issues them again; a trajectory cut after a tool reply
-  starts its next turn. Completed tool calls are never re-run (their replies are in the stored tokens, mask 0); the
+  turn whose tool calls were cancelled (they never replied) issues them again, except parallel calls that had
+  answered before the cut: their stored replies are used; a trajectory cut after a tool reply starts its next
+  turn. Completed tool calls are never re-run (their replies are in the stored tokens, mask 0); the
   trained trajectory is the stored one plus its continuation, and the budget counts the stored tokens (stored tokens
   already past this step's cap end the trajectory as it is, uncut). A session that had finished is returned as it
   was. Text-only: a multimodal model's images are not restored.
@@ -38,6 +39,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 from verl.experimental.agent_loop.tool_parser import FunctionCall
+from verl.tools.schemas import ToolResponse
 
 from ..core.seeds import turn_seed
 from .agent_loop import row_int
@@ -73,6 +75,9 @@ class TurnBoundary:
     tool_rewards: list = field(default_factory=list)
     tool_calls_done: int = 0  # calls whose replies joined the trajectory (extra_fields[TOOL_CALLS])
     pending_calls: list = field(default_factory=list)  # TOOLS: verl FunctionCall fields
+    # TOOLS: the stage's parallel calls that had answered when a sibling was cancelled ({"index", "text", "reward"});
+    # the resume returns these replies instead of running the calls again
+    answered_calls: list = field(default_factory=list)
 
 
 class _TurnClient:
@@ -122,6 +127,7 @@ class CappedToolAgentLoop(ToolAgentLoop):
         seed = row_int(kwargs.get(SEED), absent=-1)
         self._seed = (seed, int(kwargs["session_id"])) if seed >= 0 else None
         self._tool_calls = 0
+        self._answers: dict[int, tuple] = {}  # the tool stage's replies so far, by call index
         self._cut_at: TurnBoundary | None = None  # where an abort cut this run
         self._resumed_from: tuple[StoredResponse, TurnBoundary] | None = None
         server = self.server_manager
@@ -191,6 +197,7 @@ class CappedToolAgentLoop(ToolAgentLoop):
             return AgentState.TERMINATED
         if at.stage == TOOLS:
             agent_data.tool_calls = [FunctionCall(**call) for call in at.pending_calls]
+            self._answers = {a["index"]: (ToolResponse(text=a["text"]), a["reward"], {}) for a in at.answered_calls}
             return AgentState.PROCESSING_TOOLS
         return AgentState.GENERATING
 
@@ -205,7 +212,9 @@ class CappedToolAgentLoop(ToolAgentLoop):
         self._cut_at = TurnBoundary(
             stage=stage, **boundary, metrics=dict(agent_data.metrics), turn_scores=list(agent_data.turn_scores),
             tool_rewards=list(agent_data.tool_rewards), tool_calls_done=self._tool_calls,
-            pending_calls=[call.model_dump() for call in agent_data.tool_calls] if stage == TOOLS else [])
+            pending_calls=[call.model_dump() for call in agent_data.tool_calls] if stage == TOOLS else [],
+            answered_calls=[{"index": i, "text": response.text, "reward": reward}
+                            for i, (response, reward, _) in sorted(self._answers.items())] if stage == TOOLS else [])
 
     async def _handle_generating_state(self, agent_data: AgentData, sampling_params: dict[str, Any],
                                        ignore_termination: bool = False) -> AgentState:
@@ -228,9 +237,18 @@ class CappedToolAgentLoop(ToolAgentLoop):
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
         calls = len(agent_data.tool_calls[: self.max_parallel_calls])
         state = await self._run_tools(agent_data, calls)
+        self._answers = {}  # the next stage's calls are new ones
         if state == AgentState.GENERATING:  # the replies joined the context (verl ends it when they do not fit)
             self._tool_calls += calls
         return state
+
+    async def _call_tool(self, tool_call: FunctionCall, tools_kwargs: dict[str, Any], agent_data: AgentData):
+        """One of the stage's calls; each reply is remembered (by the call's index in the turn) so that an abort
+        cancelling a parallel sibling keeps it, and a resumed stage returns it instead of running the call again."""
+        index = next(i for i, call in enumerate(agent_data.tool_calls) if call is tool_call)
+        if index not in self._answers:
+            self._answers[index] = await super()._call_tool(tool_call, tools_kwargs, agent_data)
+        return self._answers[index]
 
     async def _run_tools(self, agent_data: AgentData, calls: int) -> AgentState:
         if self.gate is None:

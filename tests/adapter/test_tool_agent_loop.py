@@ -454,6 +454,64 @@ def test_a_cancelled_tool_call_is_issued_again_once_on_resume(tokenizer_dir, tok
     assert_is_stored_plus_continuation(resumed, first, reference)
 
 
+def test_parallel_calls_answered_before_the_cut_are_not_run_again(tokenizer_dir, tokenizer, tmp_path, monkeypatch,
+                                                                  turn_ids):
+    """Two calls in one turn (``max_parallel_calls=2``): the first answers, the gate closes while the second runs and
+    cancels it. The resume issues only the second; the first's stored reply joins the context, and the trained
+    trajectory is what an uncut run produces."""
+    cfg = compose(tokenizer_dir, tmp_path, response_length=128,
+                  extra=[*CONTINUE, "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2"])
+    budget = 120  # two calls, two replies and the answer
+    end = tokenizer.convert_tokens_to_ids(tasks.IM_END)
+    calls = tokenizer.encode(CALL + "\n" + tasks.tool_call_text("2+2"), add_special_tokens=False) + [end]
+    answer = turn_ids[1]
+    started = []
+
+    async def scenario():
+        state = GateState()
+        watch = GateWatch(state)
+
+        async def local_watch():
+            return watch
+
+        monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
+        tools = load_tools(CALC_CONFIG)
+        calculate = tools[0].execute
+
+        async def second_hangs(instance_id, parameters, **kwargs):
+            started.append(parameters["expression"])
+            if parameters["expression"] == "2+2":  # the step is aborted while it runs (the calculator has answered)
+                await asyncio.sleep(0.2)
+                state.set(True)
+                await asyncio.sleep(30)
+            return await calculate(instance_id, parameters, **kwargs)
+
+        tools[0].execute = second_hangs
+        server = ScriptedServer(tokenizer, [(calls, "completed")], logprob=-0.25, version=3)
+        out = await make_loop(cfg, tokenizer, server, tools).run({"temperature": 1.0, "logprobs": True},
+                                                                 **row(**{CAP: budget, SEED: ROW_SEED}))
+        watch.stop()
+        return out
+
+    first = asyncio.run(scenario())
+    monkeypatch.undo()
+    assert sorted(started) == ["12*7+3", "2+2"] and first.response_ids == calls
+    at = first.extra_fields[RESUME_AT]
+    assert (at["stage"], len(at["pending_calls"])) == (TOOLS, 2)
+    assert at["answered_calls"] == [{"index": 0, "text": "87", "reward": 0.0}]
+    stored(monkeypatch, first)
+
+    runs = []
+    resumed, _ = run_script(cfg, tokenizer, [(answer, "completed")], runs, **resume_row(cap=budget))
+    reference, _ = run_script(cfg, tokenizer, [(calls, "completed"), (answer, "completed")], [],
+                              **row(**{CAP: budget, SEED: ROW_SEED}))
+
+    assert [parameters["expression"] for parameters, _ in runs] == ["2+2"]  # the answered call is not run again
+    assert (resumed.response_ids, resumed.response_mask) == (reference.response_ids, reference.response_mask)
+    assert resumed.extra_fields[TOOL_CALLS] == reference.extra_fields[TOOL_CALLS] == 2
+    assert "87" in tokenizer.decode(resumed.response_ids) and "\n4\n" in tokenizer.decode(resumed.response_ids)
+
+
 def test_a_trajectory_cut_after_a_tool_reply_starts_its_next_turn(tokenizer_dir, tokenizer, tmp_path, monkeypatch,
                                                                   turn_ids):
     """The turn after the tool reply was refused at once (an empty aborted reply: the server was already aborting):

@@ -43,7 +43,7 @@ PARAMS = [
     # agent loop
     ("verl.experimental.agent_loop.single_turn_agent_loop:SingleTurnAgentLoop.run",
      ["self", "sampling_params", "priority", "**kwargs"], "recipe/adapter/agent_loop.py"),
-    # multi-turn: recipe/adapter/tool_agent_loop.py overrides these four
+    # multi-turn: recipe/adapter/tool_agent_loop.py overrides these five
     (f"{TOOL_LOOP}.run", ["self", "sampling_params", "priority", "**kwargs"], "CappedToolAgentLoop.run"),
     (f"{TOOL_LOOP}._handle_pending_state", ["self", "agent_data", "sampling_params"],
      "CappedToolAgentLoop._handle_pending_state (a resumed trajectory's state rebuilt after the prompt)"),
@@ -51,6 +51,8 @@ PARAMS = [
      "CappedToolAgentLoop._handle_generating_state (per-turn max_tokens and seed, aborted turns)"),
     (f"{TOOL_LOOP}._handle_processing_tools_state", ["self", "agent_data"],
      "CappedToolAgentLoop._handle_processing_tools_state (tools cancelled by the rollout gate)"),
+    (f"{TOOL_LOOP}._call_tool", ["self", "tool_call", "tools_kwargs", "agent_data"],
+     "CappedToolAgentLoop._call_tool (replies kept by call index for a resumed stage)"),
     ("verl.tools.tool_registry:load_all_tools", ["tool_config_path", "function_tool_path"],
      "recipe/preflight/tools.py loads the tool config as the workers do"),
     # abort / resume for over-sampling
@@ -235,6 +237,12 @@ def test_tool_agent_loop_state_a_resume_rebuilds():
                 "agent_data.messages.extend(add_messages)", recheck)
     check_source(f"{TOOL_LOOP}._handle_processing_tools_state", ["previous_messages = list(agent_data.messages)"],
                  recheck)
+    # each call is one of agent_data.tool_calls, passed as itself (its index names its stored reply), and the replies
+    # are matched to the calls by position
+    check_source(f"{TOOL_LOOP}._handle_processing_tools_state",
+                 ["for tool_call in agent_data.tool_calls[: self.max_parallel_calls]:",
+                  "tasks.append(self._call_tool(tool_call, agent_data.tools_kwargs, agent_data))",
+                  "tool_call = agent_data.tool_calls[tool_index]"], recheck)
     from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
     from verl.experimental.agent_loop.tool_parser import FunctionCall
 
