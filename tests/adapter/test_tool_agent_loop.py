@@ -206,6 +206,21 @@ def slow_tool_config(tmp_path):
     return path, tmp_path / "tool_events.jsonl"
 
 
+async def local_gate_watch(monkeypatch, closed: bool = False) -> tuple[GateState, GateWatch]:
+    """A gate and a watch on it, handed to the loop in place of the Ray actor's (stop the watch after the run);
+    ``state.set(True)`` closes it as the driver's abort does."""
+    state = GateState()
+    state.set(closed)
+    watch = GateWatch(state)
+    await asyncio.sleep(0)  # the watch's first poll sees the gate as it is
+
+    async def local_watch():
+        return watch
+
+    monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
+    return state, watch
+
+
 def bwrap_processes() -> int:
     r = subprocess.run(["pgrep", "-c", "-x", "bwrap"], capture_output=True, text=True)
     return int(r.stdout.strip() or 0)
@@ -227,13 +242,7 @@ def test_closing_the_gate_cancels_a_running_tool_and_kills_its_process(
     assert no_bwrap_within(5)  # the skip check's sandbox has gone
 
     async def scenario():
-        state = GateState()
-        watch = GateWatch(state)
-
-        async def local_watch():
-            return watch
-
-        monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
+        state, watch = await local_gate_watch(monkeypatch)
         loop = make_loop(cfg, tokenizer, server, tools)
         task = asyncio.ensure_future(loop.run({"temperature": 1.0}, **row()))
         while not (events.exists() and events.read_text()):
@@ -254,25 +263,11 @@ def test_closing_the_gate_cancels_a_running_tool_and_kills_its_process(
     assert no_bwrap_within(5)
 
 
-async def closed_gate_watch(monkeypatch) -> GateWatch:
-    """A watch on a closed gate, handed to the loop in place of the Ray actor's (stop it after the run)."""
-    state = GateState()
-    state.set(True)
-    watch = GateWatch(state)
-    await asyncio.sleep(0)  # the watch's first poll sees the closed gate
-
-    async def local_watch():
-        return watch
-
-    monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
-    return watch
-
-
 def test_a_closed_gate_starts_no_new_turn_and_no_tool(tokenizer_dir, tokenizer, tmp_path, monkeypatch):
     cfg = compose(tokenizer_dir, tmp_path)
 
     async def scenario():
-        watch = await closed_gate_watch(monkeypatch)
+        _, watch = await local_gate_watch(monkeypatch, closed=True)
         server = ScriptedServer(tokenizer, [(CALL, "completed"), (ANSWER, "completed")])
         out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run({"temperature": 1.0}, **row())
         watch.stop()
@@ -354,6 +349,30 @@ def uncut(cfg, tokenizer, turn_ids):
     return out
 
 
+def cut_in_tool_stage(monkeypatch, cfg, tokenizer, turn, execute, cap=BUDGET):
+    """The aborted first attempt (policy version 3, log-probs -0.25) of a trajectory whose one turn ``turn`` calls the
+    calculator, cut in its tool stage: ``execute(close_gate, calculate, instance_id, parameters, **kwargs)`` stands in
+    for the calculator's ``execute`` (``close_gate()`` closes the rollout gate as the driver's abort does;
+    ``calculate`` is the real one). Returns the output."""
+    async def scenario():
+        state, watch = await local_gate_watch(monkeypatch)
+        tools = load_tools(CALC_CONFIG)
+
+        async def stand_in(instance_id, parameters, _calculate=tools[0].execute, **kwargs):
+            return await execute(lambda: state.set(True), _calculate, instance_id, parameters, **kwargs)
+
+        tools[0].execute = stand_in
+        server = ScriptedServer(tokenizer, [(turn, "completed")], logprob=-0.25, version=3)
+        out = await make_loop(cfg, tokenizer, server, tools).run({"temperature": 1.0, "logprobs": True},
+                                                                 **row(**{CAP: cap, SEED: ROW_SEED}))
+        watch.stop()
+        return out
+
+    first = asyncio.run(scenario())
+    monkeypatch.undo()
+    return first
+
+
 def assert_is_stored_plus_continuation(resumed, first, reference):
     """The trained trajectory is the cut one (tokens, mask, log-probs) followed by its continuation; with the same
     tokens it is what the uninterrupted run produced, tool replies at mask 0."""
@@ -413,30 +432,12 @@ def test_a_cancelled_tool_call_is_issued_again_once_on_resume(tokenizer_dir, tok
     call, answer = turn_ids
     started = []
 
-    async def scenario():
-        state = GateState()
-        watch = GateWatch(state)
+    async def hangs(close_gate, calculate, instance_id, parameters, **kwargs):  # aborted while the tool runs
+        started.append((parameters, list(kwargs["agent_data"].messages)))
+        close_gate()
+        await asyncio.sleep(30)
 
-        async def local_watch():
-            return watch
-
-        monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
-        tools = load_tools(CALC_CONFIG)
-
-        async def hangs(instance_id, parameters, **kwargs):  # the step is aborted while the tool runs
-            started.append((parameters, list(kwargs["agent_data"].messages)))
-            state.set(True)
-            await asyncio.sleep(30)
-
-        tools[0].execute = hangs
-        server = ScriptedServer(tokenizer, [(call, "completed")], logprob=-0.25, version=3)
-        out = await make_loop(cfg, tokenizer, server, tools).run({"temperature": 1.0, "logprobs": True},
-                                                                 **row(**{CAP: BUDGET, SEED: ROW_SEED}))
-        watch.stop()
-        return out
-
-    first = asyncio.run(scenario())
-    monkeypatch.undo()
+    first = cut_in_tool_stage(monkeypatch, cfg, tokenizer, call, hangs)
     assert len(started) == 1 and first.response_ids == call and first.response_mask == [1] * len(call)
     at = first.extra_fields[RESUME_AT]
     assert (at["stage"], at["tokens"], at["assistant_turns"]) == (TOOLS, len(call), 1)
@@ -467,34 +468,15 @@ def test_parallel_calls_answered_before_the_cut_are_not_run_again(tokenizer_dir,
     answer = turn_ids[1]
     started = []
 
-    async def scenario():
-        state = GateState()
-        watch = GateWatch(state)
+    async def second_hangs(close_gate, calculate, instance_id, parameters, **kwargs):
+        started.append(parameters["expression"])
+        if parameters["expression"] == "2+2":  # aborted while it runs (the first call has answered)
+            await asyncio.sleep(0.2)
+            close_gate()
+            await asyncio.sleep(30)
+        return await calculate(instance_id, parameters, **kwargs)
 
-        async def local_watch():
-            return watch
-
-        monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
-        tools = load_tools(CALC_CONFIG)
-        calculate = tools[0].execute
-
-        async def second_hangs(instance_id, parameters, **kwargs):
-            started.append(parameters["expression"])
-            if parameters["expression"] == "2+2":  # the step is aborted while it runs (the calculator has answered)
-                await asyncio.sleep(0.2)
-                state.set(True)
-                await asyncio.sleep(30)
-            return await calculate(instance_id, parameters, **kwargs)
-
-        tools[0].execute = second_hangs
-        server = ScriptedServer(tokenizer, [(calls, "completed")], logprob=-0.25, version=3)
-        out = await make_loop(cfg, tokenizer, server, tools).run({"temperature": 1.0, "logprobs": True},
-                                                                 **row(**{CAP: budget, SEED: ROW_SEED}))
-        watch.stop()
-        return out
-
-    first = asyncio.run(scenario())
-    monkeypatch.undo()
+    first = cut_in_tool_stage(monkeypatch, cfg, tokenizer, calls, second_hangs, cap=budget)
     assert sorted(started) == ["12*7+3", "2+2"] and first.response_ids == calls
     at = first.extra_fields[RESUME_AT]
     assert (at["stage"], len(at["pending_calls"])) == (TOOLS, 2)
@@ -539,7 +521,7 @@ def test_a_trajectory_cut_before_its_first_turn_starts_afresh(tokenizer_dir, tok
     cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
 
     async def closed_gate():
-        watch = await closed_gate_watch(monkeypatch)
+        _, watch = await local_gate_watch(monkeypatch, closed=True)
         server = ScriptedServer(tokenizer, [])
         out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run(
             {"temperature": 1.0, "logprobs": True}, **row(**{CAP: BUDGET, SEED: ROW_SEED}))
