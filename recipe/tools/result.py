@@ -2,10 +2,11 @@
 
 Every run ends in one ``Status``. The limits the sandbox enforces itself (``timeout``, ``output_limit``) are known
 for certain; the kernel's limits show up as the program's own failure and are recognised from its exit status
-(SIGXCPU: ``cpu_limit``) or the tail of its stderr (``MemoryError``: ``memory_limit``; ``[Errno 11] Resource
-temporarily unavailable`` from fork/thread start, or a shell's ``fork: retry``: ``process_limit``; ``No space left on
+(SIGXCPU: ``cpu_limit``) or the tail of its stderr (``MemoryError``: ``memory_limit``; ``No space left on
 device``: ``disk_limit``; ``Network is unreachable``/no name resolution: ``no_network``; ``Read-only file system``:
-``read_only_fs``).
+``read_only_fs``); ``process_limit`` from ``[Errno 11] Resource temporarily unavailable`` (fork/thread start),
+``can't start new thread`` or a shell's ``fork: retry`` anywhere in stderr, because at the limit many processes
+write their tracebacks at once, interleaved, and the tail is often a fragment of another process's.
 A program can fake those lines on its own stderr; that only changes the name of its own error.
 """
 
@@ -81,7 +82,9 @@ def classify_exit(exit_code: int | None, stderr: str, limits: SandboxLimits) -> 
     tail = _stderr_tail(stderr)
     last = tail[-1] if tail else ""
     text = "\n".join(tail)
-    shell_fork = any(m in text for m in _SHELL_FORK)
+    shell_fork = any(m in stderr for m in _SHELL_FORK)
+    at_process_limit = shell_fork or "[Errno 11] Resource temporarily unavailable" in stderr \
+        or "can't start new thread" in stderr
     if exit_code == 0:
         if shell_fork:  # a shell hit the process limit and gave up: the program "succeeded" by accident
             return Status.PROCESS_LIMIT, f"process limit exceeded ({limits.max_processes} processes/threads)"
@@ -96,7 +99,7 @@ def classify_exit(exit_code: int | None, stderr: str, limits: SandboxLimits) -> 
     mib = limits.memory_bytes // (1024 * 1024)
     if last.startswith("MemoryError") or "std::bad_alloc" in text or "[Errno 12] Cannot allocate memory" in text:
         return Status.MEMORY_LIMIT, f"memory limit exceeded ({mib} MiB of address space per process)"
-    if "[Errno 11] Resource temporarily unavailable" in last or "can't start new thread" in last or shell_fork:
+    if at_process_limit:
         return Status.PROCESS_LIMIT, f"process limit exceeded ({limits.max_processes} processes/threads)"
     if "[Errno 28] No space left on device" in last or "[Errno 27] File too large" in last:
         return Status.DISK_LIMIT, f"scratch space exhausted ({limits.scratch_bytes // (1024 * 1024)} MiB at /tmp)"

@@ -32,6 +32,11 @@ def test_limits_reject_bad_values(bad):
         (1, "Traceback (most recent call last):\n  File ...\nMemoryError", Status.MEMORY_LIMIT),
         (1, "  File ...\nBlockingIOError: [Errno 11] Resource temporarily unavailable", Status.PROCESS_LIMIT),
         (1, "RuntimeError: can't start new thread", Status.PROCESS_LIMIT),
+        # a fork bomb's processes, killed with the sandbox mid-traceback: the tail is fragments of other processes'
+        (1, "Traceback (most recent call last):\n  File \"/code/main.py\", line 2, in <module>\n"
+            "BlockingIOError: [Errno 11] Resource temporarily unavailable\n"
+            + "Traceback (most recent call last):\n  File \"/code/main.py\", line 2, in <module>\n" * 4,
+         Status.PROCESS_LIMIT),
         (254, "bash: fork: retry: Resource temporarily unavailable", Status.PROCESS_LIMIT),
         (0, "environment: fork: retry: Resource temporarily unavailable", Status.PROCESS_LIMIT),
         (0, "MemoryError caught and printed by the program", Status.OK),
