@@ -92,6 +92,11 @@ class Run:
 
         return read_records(self.run_dir / "length_traces.jsonl")
 
+    def abort_events(self) -> list[dict]:
+        """The over-sample driver's event per aborted group (``recipe.over_sample.abort_events=1``); none without."""
+        path = self.run_dir / "over_sample_events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
 
 @dataclass
 class Killed:

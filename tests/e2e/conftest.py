@@ -223,8 +223,9 @@ def continue_run() -> Run:
 def multi_turn_os_run() -> Run:
     """``MULTI_TURN=1`` with over-sample ``continue`` (vLLM priority scheduling, as in ``continue_run``) and a
     calculator that takes TOOL_LATENCY_S in a sandboxed process, a few calls far longer (SLOW_TOOL): aborts catch
-    trajectories mid-turn and mid-tool, and the next step resumes them. ``run.tool_events``: every tool call's start and end; the driver's
-    over_sample_events.jsonl: when each group was aborted, with its partial texts; ``run.dumps``: the trained text."""
+    trajectories mid-turn and mid-tool, and the next step resumes them. ``run.tool_events``: every tool call's start
+    and end; ``run.abort_events()``: when each group was aborted, with its partial texts; ``run.dumps``: the trained
+    text."""
     return _result("multi_turn_os_run")
 
 

@@ -36,10 +36,8 @@ def tool_calls(run) -> dict[str, list[dict]]:
 def stored_tokens(run) -> dict[tuple[int, int, int], int]:
     """(step, row, session) -> the tokens an over-sample abort the step before stored for that trajectory to resume
     (none in a run without over-sampling)."""
-    path = run.run_dir / "over_sample_events.jsonl"
-    events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return {(e["step"] + 1, e["dataset_item_idx"], s["session"]): s["tokens"]
-            for e in events if e["resumes_next"] for s in e["sessions"]}
+            for e in run.abort_events() if e["resumes_next"] for s in e["sessions"]}
 
 
 @pytest.fixture(params=["multi_turn_os_run", "multi_turn_tail_cut_run"], ids=["over-sample", "tail-cut"])
@@ -86,8 +84,7 @@ def test_tool_calls_are_cancelled_at_the_abort(multi_turn_os_run):
     """Each cancelled call ended within a second of an over-sample abort (the driver's event), not when the tool
     would have answered."""
     calls = tool_calls(multi_turn_os_run)
-    aborts = sorted({json.loads(line)["aborted_at"] for line in
-                     (multi_turn_os_run.run_dir / "over_sample_events.jsonl").read_text().splitlines()})
+    aborts = sorted({e["aborted_at"] for e in multi_turn_os_run.abort_events()})
     ended = [events[-1]["t"] for events in calls.values() if events[-1]["event"] == "cancelled"]
     assert ended
     for t in ended:
@@ -117,7 +114,7 @@ def test_continue_resumes_aborted_trajectories_where_they_were_cut(multi_turn_os
     they are kept, not asked again): the finished ones as they were, the cut ones grown. And the run's tool-call
     counts match the tool replies in the trained text."""
     run = multi_turn_os_run
-    events = [json.loads(line) for line in (run.run_dir / "over_sample_events.jsonl").read_text().splitlines()]
+    events = run.abort_events()
     traces, metrics = run.traces(), run.metrics()
     aborted_at = {(e["step"], e["dataset_item_idx"]) for e in events}
     groups = grown = grown_after_reply = 0

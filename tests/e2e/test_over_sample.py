@@ -18,10 +18,6 @@ def os_run(request):
     return ("continue" if request.param == "continue_run" else "restart"), request.getfixturevalue(request.param)
 
 
-def events_of(run):
-    return [json.loads(line) for line in (run.run_dir / "over_sample_events.jsonl").read_text().splitlines()]
-
-
 def test_every_prompt_trained_once_per_epoch_and_aborts_leave_nothing_running(os_run):
     mode, run = os_run
     metrics, traces = run.metrics(), run.traces()
@@ -42,11 +38,11 @@ def test_every_prompt_trained_once_per_epoch_and_aborts_leave_nothing_running(os
     assert sorted(trained[0]) == list(range(N_TRAIN)), "epoch 0: every prompt trained exactly once"
     assert len(trained[1]) == len(set(trained[1])) == (len(traces) - STEPS_PER_EPOCH) * BATCH
     assert metrics[STEPS_PER_EPOCH]["rollout/over_sample/launched_groups"] == BATCH  # nothing left to over-sample
-    assert len(events_of(run)) == sum(m["rollout/over_sample/aborted_groups"] for m in metrics.values())
+    assert len(run.abort_events()) == sum(m["rollout/over_sample/aborted_groups"] for m in metrics.values())
 
 
 def test_restart_regenerates_aborted_prompts(restart_without_sync_run):
-    metrics, events = restart_without_sync_run.metrics(), events_of(restart_without_sync_run)
+    metrics, events = restart_without_sync_run.metrics(), restart_without_sync_run.abort_events()
     assert events and not any(e["resumes_next"] for e in events)
     assert all(m["rollout/over_sample/resumed_groups"] == 0 for m in metrics.values())
     assert {m["training/off_policy/trajectory_spans/max"] for m in metrics.values()} == {1}
@@ -58,7 +54,7 @@ def test_continue_resumes_genuinely_unfinished_responses(continue_run):
     rest (verl's dump of the trained text starts with the aborted text, the trace has more tokens for each: the
     rest may be a lone EOS, which the text does not show) and spans two policy versions.
     A resumed group that loses the race again has used its one resume (``max_resumes=1``) and restarts."""
-    metrics, events, traces = continue_run.metrics(), events_of(continue_run), continue_run.traces()
+    metrics, events, traces = continue_run.metrics(), continue_run.abort_events(), continue_run.traces()
     aborted_at = {(e["step"], e["dataset_item_idx"]) for e in events}
     checked, spanning = 0, set()
     for event in events:

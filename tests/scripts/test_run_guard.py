@@ -32,18 +32,20 @@ def running(cmdline: str) -> bool:
     return subprocess.run(["pgrep", "-f", f"^{cmdline}$"], capture_output=True).returncode == 0
 
 
+def within(seconds: float, holds) -> bool:
+    """Whether ``holds()`` becomes true within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not holds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return holds()
+
+
 def gone_within(cmdline: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while running(cmdline) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not running(cmdline)
+    return within(seconds, lambda: not running(cmdline))
 
 
-def started(cmdline: str, seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while not running(cmdline) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return running(cmdline)
+def started(cmdline: str) -> bool:
+    return within(10, lambda: running(cmdline))
 
 
 def popen(cmd: list[str]) -> subprocess.Popen:
@@ -85,7 +87,4 @@ def test_killing_the_script_that_started_it_ends_the_run(tmp_path, marker):
     bash.send_signal(signal.SIGTERM)
     bash.wait(timeout=10)
     assert gone_within(sleep, 15), "the run outlived the script"
-    deadline = time.monotonic() + 5
-    while "ended" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert f"parent process {bash.pid} ended" in log.read_text()
+    assert within(5, lambda: f"parent process {bash.pid} ended" in log.read_text())
