@@ -222,7 +222,8 @@ class CappedToolAgentLoop(ToolAgentLoop):
         if remaining <= 0:
             return AgentState.TERMINATED
         boundary = self._boundary(agent_data)
-        if self.gate is not None and self.gate.closed:  # the step is being aborted: a new turn would wait for (or be refused) a resume
+        # the step is being aborted: a new turn would wait for (or be refused) a resume
+        if self.gate is not None and self.gate.closed:
             self._cut(GENERATE, boundary, agent_data)
             return AgentState.TERMINATED
         params = {**sampling_params, "max_tokens": remaining}
