@@ -1,4 +1,5 @@
-"""``python -m recipe.tools check [BACKEND]``: the sandbox self-check (exit 1 and the fix when it fails);
+"""``python -m recipe.tools check [BACKEND]``: the sandbox self-check and how its limits are enforced here (in total
+per run by a cgroup, or per process only); exit 1 and the fix when it fails;
 ``python -m recipe.tools run FILE.py [BACKEND]``: run a program in the sandbox and print the tool's reply."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import json
 import sys
 
 from recipe.tools.result import format_for_model
-from recipe.tools.sandbox import make_backend, sandbox_self_check
+from recipe.tools.sandbox import limits_line, make_backend, sandbox_self_check
 
 
 def main(argv: list[str]) -> int:
@@ -16,6 +17,7 @@ def main(argv: list[str]) -> int:
         backend = make_backend(argv[1] if len(argv) > 1 else None)
         err = sandbox_self_check(backend)
         print(f"sandbox ({backend.name}): " + ("ok" if err is None else err))
+        print(f"limits: {limits_line(backend)}")
         return 0 if err is None else 1
     if len(argv) >= 2 and argv[0] == "run":
         backend = make_backend(argv[2] if len(argv) > 2 else None)

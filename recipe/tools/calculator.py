@@ -16,9 +16,11 @@ Grammar (usual precedence, ``^`` and ``**`` right-associative and binding tighte
 
 Functions: ``sqrt abs round floor ceil min max``; constants ``pi e`` (inexact). ``sqrt`` of a perfect square and
 integer powers are exact; ``sqrt`` otherwise, fractional powers and the constants are computed with ``Decimal`` at
-``DECIMAL_DIGITS`` digits and the result is marked inexact (printed with ``≈``). ``$`` and thousands separators
-``1,234,567`` (groups of three digits, only in expressions without a function call, where "," separates
-arguments) are accepted; ``round`` rounds half away from zero; ``×`` ``÷`` ``−`` are read as ``* / -``.
+``DECIMAL_DIGITS`` digits and the result is marked inexact (printed with ``≈``), as is every result computed from an
+inexact value (``floor(sqrt(2))`` is ``≈ 1``). ``$`` and thousands separators ``1,234,567`` (groups of three
+digits, only in expressions without a function call, where "," separates arguments) are accepted; ``round`` rounds
+half away from zero as people do (``round(0.125, 2)`` is ``0.13``), not to even as Python's; ``×`` ``÷`` ``−`` are
+read as ``* / -``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,35 @@
-"""The SandboxFusion backend: the user's SandboxFusion server, through PyPI's ``sandbox-fusion`` client.
+"""The SandboxFusion backend: the user's SandboxFusion server (``POST {url}/run_code``), in the request and answer
+models of PyPI's ``sandbox-fusion`` client.
 
 For machines where bwrap cannot create namespaces (inside docker). The server is the seed's:
 ``docker run -it -p 8080:8080 volcengine/sandbox-fusion:server-20250609`` (the training container then needs
 ``--network=host``, or the server's address in ``SANDBOX_FUSION_URL``).
 
-The call goes through the client's ``run_code_async`` (``POST {url}/run_code`` with a ``RunCodeRequest``; aiohttp,
-so cancelling the awaiting task closes the connection). The client retries failures ``max_attempts`` times with
-exponential back-off and raises a bare ``Exception`` for HTTP errors and for the server's ``SandboxError``; those
-become ``sandbox_error`` results here, never exceptions, so a rollout goes on.
+The HTTP call is made here with aiohttp (the client's own dependency), not by the client's ``run_code_async``: that
+one reads the whole answer before anything can bound it, and retries any failure, a read timeout or an HTTP 500
+included, so a program the server already ran could run twice. Here:
 
-Limits: the request carries ``run_timeout`` (the wall-clock limit); the output is cut at ``max_output_bytes``
-(``output_limit``; the server has buffered it whole already). Memory, CPU and process limits are the server's own
-configuration: the run_code API has no fields for them.
+- Limits: the request carries ``run_timeout`` (the server kills the program) and ``memory_limit_MB`` (servers from
+  2025-06-17 on set it as RLIMIT_AS per process, only under their default ``isolation: none``; older ones, the
+  ``server-20250609`` image included, ignore it). The API has no field for CPU time or cores, processes, file size,
+  scratch space or open files, and no switch for the network: those are the server's own configuration.
+- The answer is read in chunks, at most ``answer_budget(limits)`` bytes; past that the connection is closed and the
+  result is ``output_limit``. Within it, stdout + stderr over ``max_output_bytes`` are cut (``output_limit`` too).
+- A request is re-sent only when no connection was made (refused, DNS, connect timeout): the server never saw it.
+  Anything later (a read timeout, an HTTP error, a dropped connection) is one ``timeout``/``sandbox_error`` result.
+- Cancelling the awaiting task closes the connection, and that is all: the server runs the program on until it ends
+  or reaches ``run_timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
-from recipe.tools.limits import SandboxLimits
+from recipe.tools.limits import MiB, SandboxLimits
 from recipe.tools.result import ExecResult, Status, classify_exit, killed_detail
 
 CLIENT_PIN = "sandbox-fusion==0.3.7"
@@ -30,6 +37,21 @@ SERVER_HINT = (
     "start its server (docker run -it -p 8080:8080 volcengine/sandbox-fusion:server-20250609) "
     "and set SANDBOX_FUSION_URL=http://HOST:8080"
 )
+JSON_ESCAPE_MAX = 6  # the longest JSON escape of one byte of text (\u00XX)
+ANSWER_OVERHEAD = 64 * 1024  # the answer's other fields: statuses, times, the executor's name
+ERROR_BODY_BYTES = 4096  # read of an HTTP error's body
+CONNECT_TIMEOUT_S = 10.0
+_CHUNK = 64 * 1024
+
+
+def answer_budget(limits: SandboxLimits) -> int:
+    """The most bytes of a ``run_code`` answer read: the whole output allowed and the program (the server's error
+    message quotes it), each byte JSON-escaped at its longest, plus the other fields."""
+    return JSON_ESCAPE_MAX * (limits.max_output_bytes + limits.max_code_bytes) + ANSWER_OVERHEAD
+
+
+def _memory_mb(limits: SandboxLimits) -> int:
+    return max(1, limits.memory_bytes // MiB)  # 0 or less means "no limit" to the server
 
 
 def _client():
@@ -40,14 +62,27 @@ def _client():
     return sandbox_fusion
 
 
+class _NeverSent(Exception):
+    """No connection was made: the server never saw the request, so sending it again cannot run it twice."""
+
+
 @dataclass
 class SandboxFusionBackend:
     url: str = field(default_factory=lambda: os.environ.get("SANDBOX_FUSION_URL", ""))
     limits: SandboxLimits = field(default_factory=SandboxLimits)
-    max_attempts: int = 2  # the client's own retries (exponential back-off, ~1-3 s between attempts)
+    max_attempts: int = 2  # connection attempts; only a request that never reached the server is sent again
+    retry_backoff_s: float = 0.5  # doubled after each refused attempt
     # Added to the run timeout for the HTTP call itself (queueing and start-up on the server).
     http_margin_s: float = 30.0
     name: str = "sandbox_fusion"
+
+    def describe_limits(self) -> str:
+        """One line for the self-check: which limits the server is sent, which the client enforces, which neither."""
+        lim = self.limits
+        return (f"sent to the server: run_timeout {lim.wall_timeout_s:g} s, memory_limit_MB "
+                f"{_memory_mb(lim)} (RLIMIT_AS per process, on servers from 2025-06-17 on); read here: "
+                f"at most {answer_budget(lim)} bytes of answer, output cut at {lim.max_output_bytes} bytes; CPU time, "
+                "processes, file sizes, scratch space and the network: the server's own configuration")
 
     async def run(self, code: str, stdin: str | None = None) -> ExecResult:
         lim = self.limits
@@ -63,40 +98,74 @@ class SandboxFusionBackend:
         sf = _client()
         if sf is None:
             return fail(f"the SandboxFusion client is not installed: pip install {CLIENT_PIN}")
-        request = sf.RunCodeRequest(
-            code=code,
-            language="python",
-            run_timeout=lim.wall_timeout_s,
-            compile_timeout=lim.wall_timeout_s,
-            stdin=stdin,
-        )
-        try:
-            resp = await sf.run_code_async(
-                request,
-                endpoint=self.url,
-                max_attempts=self.max_attempts,
-                client_timeout=lim.wall_timeout_s + self.http_margin_s,
-            )
-        except asyncio.TimeoutError:
-            return fail(
-                f"timeout: SandboxFusion at {self.url} did not answer within "
-                f"{lim.wall_timeout_s + self.http_margin_s:g} s",
-                Status.TIMEOUT,
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the client raises bare Exceptions (see the module docstring)
-            return fail(_describe(e, self.url))
-        return self._result(resp, t0)
+        import aiohttp
 
-    def _result(self, resp, t0: float) -> ExecResult:
-        lim = self.limits
-        run = resp.run_result or resp.compile_result
+        request = sf.RunCodeRequest(code=code, language="python", run_timeout=lim.wall_timeout_s,
+                                    compile_timeout=lim.wall_timeout_s, stdin=stdin).dict()
+        request["memory_limit_MB"] = _memory_mb(lim)
+        payload = json.dumps(request).encode()
+        budget = answer_budget(lim)
+        total_s = lim.wall_timeout_s + self.http_margin_s
+        for attempt in range(1, max(1, self.max_attempts) + 1):
+            try:
+                status, body, over = await self._post(payload, budget, total_s)
+                break
+            except _NeverSent as e:
+                if attempt >= self.max_attempts:
+                    cause = e.__cause__
+                    return fail(f"cannot reach SandboxFusion at {self.url} after {attempt} attempt(s) "
+                                f"({type(cause).__name__}: {str(cause)[:200]}): {SERVER_HINT}")
+                await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+            except asyncio.TimeoutError:
+                return fail(f"timeout: SandboxFusion at {self.url} did not answer within {total_s:g} s "
+                            "(not sent again: the server may have run the program)", Status.TIMEOUT)
+            except aiohttp.ClientError as e:
+                return fail(f"SandboxFusion at {self.url} failed after the request was sent "
+                            f"({type(e).__name__}: {str(e)[:200]}); not sent again: the server may have run it")
         wall = time.monotonic() - t0
-        if run is None:
-            status = getattr(resp.status, "value", resp.status)
-            return ExecResult(Status.SANDBOX_ERROR, detail=f"SandboxFusion: {status}: {resp.message}", wall_s=wall,
-                              backend=self.name)
+        if status != 200:
+            text = body.decode("utf-8", errors="replace").strip()[:300]
+            return fail(f"SandboxFusion at {self.url} answered HTTP {status}: {text}")
+        if over:
+            return ExecResult(Status.OUTPUT_LIMIT, wall_s=wall, backend=self.name, extra={"answer_bytes": len(body)},
+                              detail=f"output limit exceeded: the server's answer passed {budget} bytes (more than "
+                                     f"{lim.max_output_bytes} bytes of output); reading stopped, the output is lost")
+        try:
+            resp = sf.RunCodeResponse(**json.loads(body))
+        except Exception as e:  # noqa: BLE001 - not JSON, or not RunCodeResponse's shape: the server's fault
+            return fail(f"SandboxFusion at {self.url} answered something that is not a run_code answer "
+                        f"({type(e).__name__}: {str(e)[:200]})")
+        return self._result(resp, wall, len(body))
+
+    async def _post(self, payload: bytes, budget: int, total_s: float) -> tuple[int, bytes, bool]:
+        """One POST: (HTTP status, the body up to the budget, whether the body went past it)."""
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=total_s, sock_connect=min(CONNECT_TIMEOUT_S, total_s))
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            try:
+                resp = await session.post(f"{self.url.rstrip('/')}/run_code", data=payload,
+                                          headers={"Content-Type": "application/json"})
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+                raise _NeverSent() from e
+            async with resp:
+                limit = budget if resp.status == 200 else ERROR_BODY_BYTES
+                body = bytearray()
+                while len(body) <= limit:
+                    chunk = await resp.content.read(min(_CHUNK, limit + 1 - len(body)))
+                    if not chunk:
+                        return resp.status, bytes(body), False
+                    body += chunk
+                resp.close()  # past the budget: drop the connection, never read the rest
+                return resp.status, bytes(body[:limit]), resp.status == 200
+
+    def _result(self, resp, wall: float, answer_bytes: int) -> ExecResult:
+        lim = self.limits
+        status = getattr(resp.status, "value", resp.status)
+        run = resp.run_result or resp.compile_result
+        if status == "SandboxError" or run is None:
+            return ExecResult(Status.SANDBOX_ERROR, detail=f"SandboxFusion at {self.url}: {status}: "
+                              f"{resp.message[:300]}", wall_s=wall, backend=self.name)
         stdout, stderr = run.stdout or "", run.stderr or ""
         out_b, err_b = stdout.encode("utf-8", errors="replace"), stderr.encode("utf-8", errors="replace")
         over = len(out_b) + len(err_b) > lim.max_output_bytes
@@ -105,7 +174,8 @@ class SandboxFusionBackend:
             err_b = err_b[: max(0, lim.max_output_bytes - len(out_b))]
             stdout = out_b.decode("utf-8", errors="replace")
             stderr = err_b.decode("utf-8", errors="replace")
-        extra = {"server_execution_time": run.execution_time, "executor": resp.executor_pod_name}
+        extra = {"server_execution_time": run.execution_time, "executor": resp.executor_pod_name,
+                 "answer_bytes": answer_bytes}
         run_status = getattr(run.status, "value", run.status)
         if run_status == "TimeLimitExceeded":
             return ExecResult(Status.TIMEOUT, stdout, stderr, run.return_code, wall,
@@ -121,16 +191,3 @@ class SandboxFusionBackend:
                               extra)
         status, detail = classify_exit(code, stderr, lim)
         return ExecResult(status, stdout, stderr, code, wall, detail, self.name, extra)
-
-
-def _describe(e: Exception, url: str) -> str:
-    text = str(e) or type(e).__name__
-    m = re.match(r"Faas api responded with code (\d+): (.*)", text, re.S)
-    if m:
-        return f"SandboxFusion at {url} answered HTTP {m.group(1)}: {m.group(2).strip()[:300]}"
-    if text.startswith("Sandbox responded with error"):
-        return f"SandboxFusion at {url}: {text[:300]}"
-    name = type(e).__name__
-    if "Connect" in name or isinstance(e, (ConnectionError, OSError)):
-        return f"cannot reach SandboxFusion at {url} ({name}: {text[:200]}): {SERVER_HINT}"
-    return f"SandboxFusion at {url} failed: {name}: {text[:300]}"

@@ -15,12 +15,13 @@ MiB = 1024 * 1024
 @dataclass(frozen=True)
 class SandboxLimits:
     wall_timeout_s: float = 10.0  # wall clock, bwrap start-up included; the whole process group is then killed
-    cpu_time_s: int = 10  # RLIMIT_CPU (soft; SIGKILL one second later): per process
-    memory_bytes: int = 1024 * MiB  # RLIMIT_AS, per process
-    max_processes: int = 64  # RLIMIT_NPROC inside the sandbox's own user namespace (threads count too)
+    cpu_time_s: int = 10  # CPU seconds, in total over the run's processes (cgroup) and per process (RLIMIT_CPU)
+    memory_bytes: int = 1024 * MiB  # in total (cgroup: all processes, their tmpfs/shm pages) and RLIMIT_AS per process
+    max_processes: int = 64  # in total (cgroup pids) and RLIMIT_NPROC in the sandbox's user namespace (threads count)
+    cpu_cores: float = 1.0  # CPU bandwidth: at most this many CPUs' worth at once (cgroup cpu quota)
     max_output_bytes: int = 256 * 1024  # stdout + stderr, read incrementally; more kills the program
     scratch_bytes: int = 64 * MiB  # the size of the tmpfs at /tmp (the scratch dir) and of the one at /dev/shm
-    max_file_bytes: int = 64 * MiB  # RLIMIT_FSIZE
+    max_file_bytes: int = 64 * MiB  # RLIMIT_FSIZE: the largest file the program may write
     max_open_files: int = 256  # RLIMIT_NOFILE
     max_code_bytes: int = 256 * 1024  # refuse longer programs before starting anything
 
@@ -43,9 +44,20 @@ class SandboxLimits:
             raw = config.get(f.name, environ.get(f"SANDBOX_{f.name.upper()}"))
             if raw is None:
                 continue
-            kind = float if f.type in ("float", float) else int
-            try:
-                values[f.name] = kind(raw)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"sandbox limit {f.name}: {raw!r} is not a number") from e
+            values[f.name] = _parse(f.name, f.type, raw)
         return cls(**values)
+
+
+def _parse(name: str, declared, raw) -> int | float:
+    """``raw`` (YAML value or env string) as the field's declared type; an int limit refuses a fraction."""
+    try:
+        if isinstance(raw, bool):
+            raise TypeError(raw)
+        value = float(raw)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"sandbox limit {name}: {raw!r} is not a number") from e
+    if declared in ("float", float):
+        return value
+    if not value.is_integer():
+        raise ValueError(f"sandbox limit {name}: {raw!r} must be a whole number")
+    return int(raw) if isinstance(raw, int) else int(value)

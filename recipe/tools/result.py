@@ -3,11 +3,14 @@
 Every run ends in one ``Status``. The limits the sandbox enforces itself (``timeout``, ``output_limit``) are known
 for certain; the kernel's limits show up as the program's own failure and are recognised from its exit status
 (SIGXCPU: ``cpu_limit``) or the tail of its stderr (``MemoryError``: ``memory_limit``; ``No space left on
-device``: ``disk_limit``; ``Network is unreachable``/no name resolution: ``no_network``; ``Read-only file system``:
-``read_only_fs``); ``process_limit`` from ``[Errno 11] Resource temporarily unavailable`` (fork/thread start),
-``can't start new thread`` or a shell's ``fork: retry`` anywhere in stderr, because at the limit many processes
-write their tracebacks at once, interleaved, and the tail is often a fragment of another process's.
-A program can fake those lines on its own stderr; that only changes the name of its own error.
+device`` or ``File too large``: ``disk_limit``, naming the scratch size or the file size limit; ``Network is
+unreachable``/no name resolution: ``no_network``; ``Read-only file system``: ``read_only_fs``); ``process_limit``
+from ``[Errno 11] Resource temporarily unavailable`` (fork/thread start), ``can't start new thread`` or a shell's
+``fork: retry`` anywhere in stderr, because at the limit many processes write their tracebacks at once,
+interleaved, and the tail is often a fragment of another process's.
+A program can fake those lines on its own stderr; that only changes the name of its own error. The limits a run's
+cgroup sums over all processes (``recipe/tools/cgroup.py``) are named from what the group recorded (an OOM kill,
+``pids.max`` reached, the CPU time used): ``total_limit_detail``.
 """
 
 from __future__ import annotations
@@ -101,7 +104,9 @@ def classify_exit(exit_code: int | None, stderr: str, limits: SandboxLimits) -> 
         return Status.MEMORY_LIMIT, f"memory limit exceeded ({mib} MiB of address space per process)"
     if at_process_limit:
         return Status.PROCESS_LIMIT, f"process limit exceeded ({limits.max_processes} processes/threads)"
-    if "[Errno 28] No space left on device" in last or "[Errno 27] File too large" in last:
+    if "[Errno 27] File too large" in last:
+        return Status.DISK_LIMIT, f"file size limit exceeded ({limits.max_file_bytes} bytes per file)"
+    if "[Errno 28] No space left on device" in last:
         return Status.DISK_LIMIT, f"scratch space exhausted ({limits.scratch_bytes // (1024 * 1024)} MiB at /tmp)"
     if any(m in last for m in _NO_NETWORK):
         return Status.NO_NETWORK, "no network: the sandbox has no network access"
@@ -112,6 +117,18 @@ def classify_exit(exit_code: int | None, stderr: str, limits: SandboxLimits) -> 
         hint = " (CPU time hard limit or out of memory)" if sig == signal.SIGKILL else ""
         return Status.KILLED, f"the program was killed by {name}{hint}"
     return Status.ERROR, f"the program exited with status {exit_code}"
+
+
+def total_limit_detail(status: Status, limits: SandboxLimits) -> str:
+    """The detail of a limit the run's cgroup enforced over all of the program's processes together."""
+    if status == Status.MEMORY_LIMIT:
+        mib = limits.memory_bytes // (1024 * 1024)
+        return f"memory limit exceeded ({mib} MiB in total over the program's processes; the kernel killed it)"
+    if status == Status.PROCESS_LIMIT:
+        return f"process limit exceeded ({limits.max_processes} processes/threads in total)"
+    if status == Status.CPU_LIMIT:
+        return f"CPU time limit exceeded ({limits.cpu_time_s} s of CPU in total over the program's processes)"
+    raise ValueError(status)
 
 
 def killed_detail(status: Status, limits: SandboxLimits) -> str:

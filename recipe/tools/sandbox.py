@@ -2,7 +2,8 @@
 
 ``SANDBOX_BACKEND`` = ``bubblewrap`` (default; local, Debian's ``bubblewrap``) or ``sandbox_fusion`` (the user's
 SandboxFusion server at ``SANDBOX_FUSION_URL``). ``sandbox_self_check`` runs ``print(1+1)`` through the backend and
-returns ``None`` or one line that names the fix; the preflight calls it before anything starts.
+returns ``None`` or one line that names the fix; the preflight calls it before anything starts. For bubblewrap it
+first checks the bwrap version and whether each run can get a cgroup of its own (``limits_line`` says which).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import os
 import shutil
 import threading
 
-from recipe.tools.bwrap import BubblewrapBackend
+from recipe.tools.bwrap import ALLOW_PER_PROCESS, BubblewrapBackend
 from recipe.tools.fusion import CLIENT_PIN, SERVER_HINT, SandboxFusionBackend
 from recipe.tools.limits import SandboxLimits
 from recipe.tools.result import Status
+from recipe.tools.seccomp import SeccompUnavailable, filter_bpf
 
 BACKENDS = ("bubblewrap", "sandbox_fusion")
 _ALIASES = {"bwrap": "bubblewrap", "local": "bubblewrap", "fusion": "sandbox_fusion", "sandboxfusion": "sandbox_fusion"}
@@ -25,8 +27,18 @@ DOCKER_FIX = (
 )
 
 
+def _flag(value, name: str) -> bool:
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off", "none"):
+        return False
+    raise ValueError(f"{name}={value!r}: use 1 (accept per-process sandbox limits) or 0")
+
+
 def make_backend(name: str | None = None, config: dict | None = None, environ: dict | None = None):
-    """A backend from the tool config (keys: backend, limits, sandbox_fusion_url, python, max_attempts)."""
+    """A backend from the tool config (keys: backend, limits, sandbox_fusion_url, python, extra_ro_binds,
+    allow_per_process_limits, max_attempts); the config wins over the environment."""
     config = dict(config or {})
     environ = os.environ if environ is None else environ
     name = (name or config.get("backend") or environ.get("SANDBOX_BACKEND") or "bubblewrap").strip().lower()
@@ -38,6 +50,10 @@ def make_backend(name: str | None = None, config: dict | None = None, environ: d
             kw["python"] = config.get("python") or environ["SANDBOX_PYTHON"]
         if config.get("extra_ro_binds"):
             kw["extra_ro_binds"] = tuple(config["extra_ro_binds"])
+        if "allow_per_process_limits" in config:
+            kw["allow_per_process_limits"] = _flag(config["allow_per_process_limits"], "allow_per_process_limits")
+        else:
+            kw["allow_per_process_limits"] = _flag(environ.get(ALLOW_PER_PROCESS, ""), ALLOW_PER_PROCESS)
         return BubblewrapBackend(limits=limits, **kw)
     if name == "sandbox_fusion":
         url = config.get("sandbox_fusion_url") or environ.get("SANDBOX_FUSION_URL", "")
@@ -59,6 +75,14 @@ async def async_self_check(backend) -> str | None:
         return "setpriv (util-linux) is not installed: apt-get install util-linux (it drops root to the sandbox's uid)"
     if isinstance(backend, BubblewrapBackend) and not os.access(backend.python, os.X_OK):
         return f"the sandbox's python {backend.python} is not executable here: set SANDBOX_PYTHON to a python3"
+    if isinstance(backend, BubblewrapBackend):
+        try:
+            filter_bpf()
+        except SeccompUnavailable as e:
+            return str(e)
+        problem = await asyncio.to_thread(backend.version_problem) or backend.limits_mode()[1]
+        if problem is not None:
+            return problem
     if isinstance(backend, SandboxFusionBackend):
         if not backend.url:
             return f"SANDBOX_BACKEND=sandbox_fusion needs SANDBOX_FUSION_URL: {SERVER_HINT}"
@@ -85,6 +109,18 @@ async def async_self_check(backend) -> str | None:
             return f"{what}; bwrap cannot create namespaces here (inside docker?): {DOCKER_FIX}"
         return f"{what}; check bubblewrap (bwrap --version) or {DOCKER_FIX}"
     return what
+
+
+def limits_line(backend) -> str:
+    """How the backend's limits are enforced here, for ``python -m recipe.tools check``."""
+    return backend.describe_limits()
+
+
+def sandbox_required(environ=None) -> bool:
+    """Where the environment promises a working sandbox (CI, or ``RECIPE_REQUIRE_SANDBOX=1``): its absence is a
+    failure there, not a reason to skip the sandbox's tests."""
+    environ = os.environ if environ is None else environ
+    return environ.get("CI", "").lower() == "true" or environ.get("RECIPE_REQUIRE_SANDBOX", "") == "1"
 
 
 def _event_loop_runner():

@@ -19,25 +19,51 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
 from recipe.tools.calculator import CALCULATOR_SCHEMA, calculate
+from recipe.tools.fusion import SandboxFusionBackend
+from recipe.tools.limits import MiB
 from recipe.tools.result import format_for_model
 from recipe.tools.sandbox import make_backend
 
 
-PYTHON_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "code_interpreter",
-        "description": (
-            "Run a Python 3 program in a sandbox (no network, limited time and memory) and return what it prints. "
-            "Print the values you need."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {"code": {"type": "string", "description": "the Python program to run"}},
-            "required": ["code"],
+def _size(n: int) -> str:
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} bytes"
+
+
+def describe_sandbox(backend) -> str:
+    """The Python tool's description for the model: only what ``backend`` enforces, with its configured limits.
+
+    A SandboxFusion server decides the network, files, memory and processes by its own configuration
+    (``recipe.tools.fusion``), so that description promises only the run timeout and the output cut.
+    """
+    lim = backend.limits
+    if isinstance(backend, SandboxFusionBackend):
+        return (
+            f"Run a Python 3 program on a SandboxFusion server and return what it prints. The program is stopped "
+            f"after {lim.wall_timeout_s:g} s and its output is cut at {_size(lim.max_output_bytes)}; network, files "
+            "and other limits are as the server is set up. Print the values you need."
+        )
+    return (
+        "Run a Python 3 program in a sandbox without network access and return what it prints. Its scratch "
+        f"directory is /tmp ({_size(lim.scratch_bytes)}); the program gets at most {lim.wall_timeout_s:g} s "
+        f"({lim.cpu_time_s} s of CPU), {_size(lim.memory_bytes)} of memory, {lim.max_processes} processes or "
+        f"threads and {_size(lim.max_output_bytes)} of output. Print the values you need."
+    )
+
+
+def _python_schema(description: str) -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": "code_interpreter",
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "the Python program to run"}},
+                "required": ["code"],
+            },
         },
-    },
-}
+    }
+
 
 _FENCE = re.compile(r"^\s*```[a-zA-Z0-9_+-]*\s*\n(.*?)\n?```\s*$", re.S)
 
@@ -82,13 +108,22 @@ class PythonTool(BaseTool):
     ``sandbox_fusion_url`` (env ``SANDBOX_FUSION_URL``), ``python`` (the interpreter inside bwrap; env
     ``SANDBOX_PYTHON``), ``limits`` (``recipe.tools.limits.SandboxLimits`` fields; env ``SANDBOX_<FIELD>``),
     ``max_concurrency`` (sandboxes at once in this process, default 8), ``max_reply_chars`` (default 4000).
+    Its description is ``describe_sandbox(backend)``, whatever a YAML ``tool_schema`` says.
     """
 
     def __init__(self, config: dict, tool_schema: Optional[OpenAIFunctionToolSchema] = None):
-        self._default_schema = OpenAIFunctionToolSchema.model_validate(PYTHON_SCHEMA)
-        super().__init__(config or {}, tool_schema)
         cfg = {k: v for k, v in (config or {}).items() if k != "type"}
         self.backend = make_backend(config=cfg)
+        # The description is always the backend's (a YAML tool_schema sets the name and parameters): the model is
+        # told only what this sandbox enforces.
+        description = describe_sandbox(self.backend)
+        if tool_schema is None:
+            tool_schema = OpenAIFunctionToolSchema.model_validate(_python_schema(description))
+        else:
+            tool_schema = tool_schema.model_copy(deep=True)
+            tool_schema.function.description = description
+        self._default_schema = tool_schema
+        super().__init__(config or {}, tool_schema)
         self.max_concurrency = int(cfg.get("max_concurrency", 8))
         self.max_reply_chars = int(cfg.get("max_reply_chars", 4000))
         self._semaphores: dict[int, asyncio.Semaphore] = {}

@@ -1,30 +1,40 @@
 #!/usr/bin/env bash
-# Install what the Python tool's local sandbox needs: Debian's bubblewrap (bwrap). Idempotent; never fatal.
+# Install what the Python tool's local sandbox needs: Debian's bubblewrap (bwrap, >= 0.8.0: --disable-userns and
+# --seccomp) and libseccomp2 (the seccomp filter, through PyPI's pyseccomp). Idempotent; never fatal.
 # Called by scripts/test.sh before pytest. Without root or apt-get it says why and exits 0: the sandbox tests then
-# skip with sandbox_self_check's reason (docs/tools.md), and training can use SANDBOX_BACKEND=sandbox_fusion.
+# skip where bwrap is missing, unless CI=true or RECIPE_REQUIRE_SANDBOX=1 make that a failure (docs/tools.md); a
+# bwrap that is present but fails the self-check always fails them. Training can use SANDBOX_BACKEND=sandbox_fusion.
 set -uo pipefail
 
-if command -v bwrap >/dev/null 2>&1; then
+want="bubblewrap"
+[[ -e /usr/lib/x86_64-linux-gnu/libseccomp.so.2 || -e /usr/lib/aarch64-linux-gnu/libseccomp.so.2 ]] \
+    || ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || want="bubblewrap libseccomp2"
+if command -v bwrap >/dev/null 2>&1 && [[ "$want" == "bubblewrap" ]]; then
     echo "[sandbox] bubblewrap present: $(bwrap --version 2>/dev/null || echo bwrap)" >&2
+    help="$(bwrap --help 2>&1)"
+    for opt in --disable-userns --seccomp; do
+        grep -q -- "$opt" <<<"$help" || echo "[sandbox] this bwrap lacks $opt: the sandbox refuses to run with it;" \
+            "install bubblewrap >= 0.8.0 (Debian 12's) or point SANDBOX_BWRAP at one" >&2
+    done
     exit 0
 fi
 if [[ "$(id -u)" != "0" ]]; then
-    echo "[sandbox] bubblewrap is not installed and this is not root: run 'sudo apt-get install -y bubblewrap'" \
-        "(the sandbox tests will skip)" >&2
+    echo "[sandbox] $want not installed and this is not root: run 'sudo apt-get install -y $want'" >&2
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "[sandbox] bubblewrap is not installed and there is no apt-get: install bubblewrap with this system's" \
-        "package manager (the sandbox tests will skip)" >&2
+    echo "[sandbox] $want not installed and there is no apt-get: install it with this system's package manager" >&2
     exit 0
 fi
-echo "[sandbox] installing bubblewrap (apt-get)" >&2
+echo "[sandbox] installing $want (apt-get)" >&2
 export DEBIAN_FRONTEND=noninteractive
-if ! apt-get install -y -q bubblewrap >/dev/null 2>&1; then
+# shellcheck disable=SC2086  # $want is a list of package names
+if ! apt-get install -y -q $want >/dev/null 2>&1; then
     # An empty or stale package list: refresh it once.
     apt-get update -q >/dev/null 2>&1 || true
-    if ! apt-get install -y -q bubblewrap >/dev/null 2>&1; then
-        echo "[sandbox] 'apt-get install bubblewrap' failed (the sandbox tests will skip)" >&2
+    # shellcheck disable=SC2086
+    if ! apt-get install -y -q $want >/dev/null 2>&1; then
+        echo "[sandbox] 'apt-get install $want' failed" >&2
         exit 0
     fi
 fi

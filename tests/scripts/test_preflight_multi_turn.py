@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from recipe.preflight import run_preflight
 
 ARR = "actor_rollout_ref"
+GIB = 1024**3
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "recipe" / "tools" / "configs"
 
@@ -64,13 +65,56 @@ def test_a_sandbox_that_cannot_run_is_named_before_the_launch(env_30b, monkeypat
                for e in report.errors), report.errors
 
 
-def test_the_python_tool_passes_where_bubblewrap_runs(env_30b):
-    from recipe.tools.sandbox import sandbox_self_check
+def require_bubblewrap():
+    """Skip only where bwrap is not installed and nothing promises it (CI=true, RECIPE_REQUIRE_SANDBOX=1)."""
+    import shutil
 
-    if (err := sandbox_self_check("bubblewrap")) is not None:
-        pytest.skip(f"bubblewrap sandbox unavailable here: {err}")
+    from recipe.tools.sandbox import sandbox_required, sandbox_self_check
+
+    if shutil.which("bwrap") is None and not sandbox_required():
+        pytest.skip("bubblewrap is not installed here")
+    assert sandbox_self_check("bubblewrap") is None
+
+
+def test_the_python_tool_passes_where_bubblewrap_runs(env_30b, monkeypatch):
+    """On a node with 1 TiB (a GPU node): 4 workers per node x 8 sandboxes x 1 GiB fits its quarter."""
+    require_bubblewrap()
+    monkeypatch.setattr("recipe.preflight.tools.node_memory_bytes", lambda: 1024 * GIB)
     report = run_preflight([], {**env_30b, "MULTI_TURN": "1", "TOOL_CONFIG": str(TOOLS / "python_tool.yaml")})
     assert report.ok, report.errors
+
+
+def test_sandboxes_that_could_take_too_much_of_a_node_are_named(env_30b, monkeypatch):
+    """8 workers over 2 nodes x max_concurrency 8 x 1 GiB = 32 GiB per node, over a quarter of a 64 GiB node."""
+    require_bubblewrap()
+    monkeypatch.setattr("recipe.preflight.tools.node_memory_bytes", lambda: 64 * GIB)
+    report = run_preflight([], {**env_30b, "MULTI_TURN": "1", "TOOL_CONFIG": str(TOOLS / "python_tool.yaml")})
+    problems = [e for e in report.errors if e.startswith("sandboxes may hold up to 32.0 GiB")]
+    assert len(problems) == 1, report.errors
+    for knob in ("actor_rollout_ref.rollout.agent.num_workers=8", "trainer.nnodes=2", "max_concurrency 8",
+                 "memory_bytes 1 GiB", "64.0 GiB", "25%", "lower max_concurrency or limits.memory_bytes"):
+        assert knob in problems[0], problems[0]
+
+
+def test_the_sandbox_memory_bound_is_stated(monkeypatch):
+    """Within the share, the bound and how it adds up is a note; per-process limits multiply by max_processes."""
+    from recipe.preflight.tools import check_sandbox_memory
+    from recipe.tools.sandbox import make_backend
+
+    class Tool:
+        name, max_concurrency = "code_interpreter", 2
+        backend = make_backend("bubblewrap", {"limits": {"memory_bytes": GIB // 2, "max_processes": 4}}, environ={})
+
+    cfg = OmegaConf.create({ARR: {"rollout": {"agent": {"num_workers": 4}}}, "trainer": {"nnodes": 1}})
+    errors, notes = [], []
+    monkeypatch.setattr(Tool.backend, "limits_mode", lambda: ("cgroup", None))
+    check_sandbox_memory(cfg, [Tool()], "t.yaml", errors, notes, 64 * GIB)
+    assert errors == [] and len(notes) == 1 and notes[0].startswith("sandboxes may hold up to 4.0 GiB"), notes
+    monkeypatch.setattr(Tool.backend, "limits_mode", lambda: (None, None))  # per-process limits accepted
+    check_sandbox_memory(cfg, [Tool()], "t.yaml", errors, notes, 64 * GIB)
+    assert errors == [] and notes[1].startswith("sandboxes may hold up to 16.0 GiB") and "max_processes 4" in notes[1]
+    check_sandbox_memory(cfg, [Tool()], "t.yaml", errors, notes, 32 * GIB)
+    assert len(errors) == 1 and "more than the 25%" in errors[0]
 
 
 @pytest.mark.parametrize("extra, model, data, reward, response", [

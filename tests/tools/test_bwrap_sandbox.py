@@ -1,10 +1,12 @@
 """The bubblewrap sandbox for real: hostile programs get a named tool error within the limits and the host is untouched.
 
-Needs Debian's ``bubblewrap`` and user namespaces (``scripts/lib/install_sandbox.sh`` installs it; inside docker
-bwrap cannot create namespaces): otherwise every test here is skipped with ``sandbox_self_check``'s reason.
-Small limits keep the whole file to a few seconds: CPU 1 s, 256 MiB, 16 processes, 64 KiB of output; a wall clock
-of 10 s (so that on a loaded machine each other limit still fires first; "< LIMITS.wall_timeout_s" asserts that),
-1.5 s for the timeout test.
+Needs Debian's ``bubblewrap``, user namespaces and cgroups this process may create children in
+(``scripts/lib/install_sandbox.sh`` installs bwrap). The tests skip only where bwrap is not installed and the
+environment does not promise it (``sandbox_required``: CI=true or RECIPE_REQUIRE_SANDBOX=1 make that a failure);
+where bwrap is installed, a failing self-check fails them: a regression that breaks every run must not pass as skips.
+Small limits keep the whole file short: CPU 1 s, 256 MiB, 16 processes, 64 KiB of output. The wall clock is 60 s,
+so that on a loaded machine only the limit a test is about can stop its program (the named status is what is
+asserted, never how fast it came); 1.5 s for the timeout test.
 """
 
 import asyncio
@@ -19,29 +21,30 @@ from pathlib import Path
 
 import pytest
 
+from recipe.tools import cgroup
 from recipe.tools.bwrap import BubblewrapBackend
-from recipe.tools.limits import SandboxLimits
+from recipe.tools.limits import MiB, SandboxLimits
 from recipe.tools.result import Status, format_for_model
-from recipe.tools.sandbox import sandbox_self_check
+from recipe.testing.sandbox_check import require_sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 LIMITS = SandboxLimits(
-    wall_timeout_s=10,
+    wall_timeout_s=60,
     cpu_time_s=1,
-    memory_bytes=256 * 1024 * 1024,
+    memory_bytes=256 * MiB,
     max_processes=16,
     max_output_bytes=64 * 1024,
-    scratch_bytes=8 * 1024 * 1024,
+    scratch_bytes=8 * MiB,
 )
 
 
 @pytest.fixture(scope="module")
 def sandbox():
-    backend = BubblewrapBackend(limits=LIMITS)
-    err = sandbox_self_check(backend)
-    if err is not None:
-        pytest.skip(f"bubblewrap sandbox unavailable here: {err}")
-    return backend
+    return require_sandbox(BubblewrapBackend(limits=LIMITS))
+
+
+def limited(backend, **kw):
+    return dataclasses.replace(backend, limits=dataclasses.replace(backend.limits, **kw))
 
 
 def run(backend, code, **kw):
@@ -96,7 +99,7 @@ def _group_alive(pgid):
         return False
 
 
-def _wait_gone(pids, pgid=None, timeout=5.0):
+def _wait_gone(pids, pgid=None, timeout=30.0):
     """Poll until none of ``pids`` exists and ``pgid`` is empty; returns what is left."""
     deadline = time.monotonic() + timeout
     while True:
@@ -132,22 +135,39 @@ def test_stdin_and_scratch_dir(sandbox):
 def test_endless_loop_hits_cpu_limit(sandbox):
     r = run(sandbox, "while True: pass")
     assert r.status == Status.CPU_LIMIT and "CPU time limit" in r.detail
-    assert r.wall_s < LIMITS.wall_timeout_s  # 1 s of CPU, long before the wall clock
+
+
+def test_cpu_time_is_summed_over_processes(sandbox):
+    """4 processes spinning: 1 s of CPU in total ends the run (per process, each would get 1 s: 4 s in all)."""
+    r = run(sandbox, "import os\nfor _ in range(3):\n    os.fork()\nwhile True: pass")
+    assert r.status == Status.CPU_LIMIT and "1 s of CPU in total" in r.detail, r
+    assert r.extra["cpu_s"] >= LIMITS.cpu_time_s
+
+
+def test_cpu_bandwidth_caps_cores(sandbox):
+    """``cpu_cores`` caps the CPU the group can use per second of wall clock, whatever the load around it."""
+    half = limited(sandbox, cpu_cores=0.5, cpu_time_s=30)
+    r = run(half, "import os, time\nos.fork()\nt = time.monotonic()\nwhile time.monotonic() - t < 2: pass")
+    assert r.status == Status.OK, r
+    assert r.extra["cpu_s"] <= 0.5 * r.wall_s + 0.1, r.extra
+
+
+def test_rlimit_cpu_inside_equals_cpu_time_s(sandbox):
+    r = run(limited(sandbox, cpu_time_s=3), "import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU))")
+    assert r.status == Status.OK and r.stdout == "(3, 4)\n", r
 
 
 def test_sleeping_program_hits_wall_clock_timeout(sandbox):
     short = dataclasses.replace(sandbox, limits=dataclasses.replace(LIMITS, wall_timeout_s=1.5))
     r = run(short, "import time\nprint('started', flush=True)\ntime.sleep(600)")
     assert r.status == Status.TIMEOUT and r.detail.startswith("timeout") and "1.5 s" in r.detail
-    assert 1.5 <= r.wall_s < 1.5 + 2
+    assert r.wall_s >= 1.5
     assert r.stdout == "started\n"  # what it printed before the kill is kept
 
 
 def test_fork_bomb_hits_process_limit(sandbox):
-    t0 = time.monotonic()
     r = run(sandbox, "import os\nwhile True:\n    os.fork()")
     assert r.status == Status.PROCESS_LIMIT and "process limit" in r.detail
-    assert time.monotonic() - t0 < LIMITS.wall_timeout_s + 2
     # The host still forks, and the next sandbox runs.
     assert subprocess.run(["true"]).returncode == 0
     assert run(sandbox, "print('after')").stdout == "after\n"
@@ -166,15 +186,15 @@ def test_fork_bomb_is_capped_at_max_processes(sandbox):
 
 def test_thread_bomb_hits_process_limit(sandbox):
     r = run(sandbox, (
-        "import threading, time\nfor _ in range(1000):\n    threading.Thread(target=time.sleep, args=(0.5,)).start()"
+        # daemon threads sleeping long: none ends before the limit, however slowly they start; the error ends all
+        "import threading, time\nfor _ in range(1000):\n"
+        "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()"
     ))
     assert r.status == Status.PROCESS_LIMIT
 
 
 def test_shell_fork_bomb_is_contained(sandbox):
-    t0 = time.monotonic()
     r = run(sandbox, "import subprocess\nsubprocess.run(['bash', '-c', ':(){ :|:& };: ; wait'])")
-    assert time.monotonic() - t0 < LIMITS.wall_timeout_s + 2
     assert "Resource temporarily unavailable" in r.stderr  # bash's own "fork: retry" at the limit
     assert r.status == Status.PROCESS_LIMIT  # bash gives up on its own (or the timeout ends it): named either way
     assert run(sandbox, "print('after')").stdout == "after\n"
@@ -186,15 +206,46 @@ def test_memory_hog_hits_memory_limit(sandbox):
 
 
 def test_growing_memory_hits_memory_limit(sandbox):
-    r = run(sandbox, "a = []\nwhile True:\n    a.append(' ' * 10**6)")
-    assert r.status == Status.MEMORY_LIMIT and r.wall_s < LIMITS.wall_timeout_s
+    """16 MB steps: the limit is hit in ~16 of them; only memory can stop it within the 60 s wall clock (it once
+    came back ``timeout`` from a 10 s clock on a loaded machine)."""
+    r = run(sandbox, "a = []\nwhile True:\n    a.append(b'x' * (16 * 1024 * 1024))")
+    assert r.status == Status.MEMORY_LIMIT, r
+
+
+def test_forked_children_share_one_memory_limit(sandbox):
+    """8 children of 900 MiB each, every page written, under a 1 GiB limit that RLIMIT_AS alone grants each one:
+    the group's total holds (it returned ``ok`` with 7 GiB resident when the limits were per process)."""
+    gib = limited(sandbox, memory_bytes=1024 * MiB, cpu_time_s=30)
+    r = run(gib, (
+        "import os, time\npids = []\nfor _ in range(8):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        x = b'x' * (900 * 1024 * 1024)\n        time.sleep(1)\n        os._exit(0)\n    pids.append(pid)\n"
+        "for p in pids:\n    os.waitpid(p, 0)\nprint('done')"
+    ))
+    assert r.status == Status.MEMORY_LIMIT and "1024 MiB in total" in r.detail, r
+    assert r.extra["memory_peak_bytes"] <= 1024 * MiB
+
+
+def test_tmpfs_pages_count_toward_the_memory_total(sandbox):
+    """Files in /dev/shm are memory: 400 MB of them under a 256 MiB total (scratch 512 MiB) is ``memory_limit``."""
+    big_scratch = limited(sandbox, scratch_bytes=512 * MiB)
+    r = run(big_scratch, "for i in range(8):\n    open(f'/dev/shm/f{i}', 'wb').write(b'x' * (50 * 1024 * 1024))")
+    assert r.status == Status.MEMORY_LIMIT, r
+
+
+def test_run_groups_are_removed(sandbox):
+    """Each run's cgroup is gone once the call returns (after a limit, too)."""
+    host = cgroup.host_cgroups()
+    before = {d: set(os.listdir(d)) for _, d in host.dirs}
+    run(sandbox, "import os\nwhile True:\n    os.fork()")
+    run(sandbox, "print(1)")
+    for d, names in before.items():
+        assert [n for n in set(os.listdir(d)) - names if n.startswith("recipe-sandbox-")] == []
 
 
 def test_output_flood_hits_output_limit(sandbox):
     r = run(sandbox, "while True:\n    print('x' * 1000)")
     assert r.status == Status.OUTPUT_LIMIT and "output limit" in r.detail
     assert len(r.stdout.encode()) + len(r.stderr.encode()) <= LIMITS.max_output_bytes
-    assert r.wall_s < LIMITS.wall_timeout_s
 
 
 def test_single_huge_write_is_never_buffered_whole(sandbox):
@@ -207,10 +258,27 @@ def test_stderr_flood_counts_too(sandbox):
     assert r.status == Status.OUTPUT_LIMIT and len(r.stderr) <= LIMITS.max_output_bytes
 
 
+def test_stdout_and_stderr_share_one_budget(sandbox):
+    """40 KiB on each stream: each fits 64 KiB alone, both together do not; the program then waits forever."""
+    r = run(sandbox, "import sys, time\nsys.stdout.write('o' * 40960)\nsys.stdout.flush()\n"
+                     "sys.stderr.write('e' * 40960)\nsys.stderr.flush()\ntime.sleep(600)")
+    assert r.status == Status.OUTPUT_LIMIT, r
+    assert len(r.stdout) + len(r.stderr) == LIMITS.max_output_bytes
+
+
 @pytest.mark.parametrize("where", ["/tmp", "/dev/shm"])
 def test_disk_fill_hits_scratch_limit(sandbox, where):
     r = run(sandbox, f"open('{where}/big', 'wb').write(b'x' * (64 * 1024 * 1024))")
     assert r.status == Status.DISK_LIMIT and "scratch" in r.detail
+
+
+def test_a_file_over_max_file_bytes_cannot_be_written(sandbox):
+    """2 MiB under a 1 MiB file limit and 8 MiB of scratch: the file limit, named as such, stops it."""
+    r = run(limited(sandbox, max_file_bytes=1 * MiB),
+            "f = open('/tmp/big', 'wb')\ntry:\n    f.write(b'x' * (2 * 1024 * 1024))\n    f.flush()\nfinally:\n"
+            "    import os\n    print(os.path.getsize('/tmp/big'))")
+    assert r.status == Status.DISK_LIMIT and "file size limit" in r.detail and "scratch" not in r.detail, r
+    assert int(r.stdout) <= 1 * MiB
 
 
 def test_dev_null_and_multiprocessing_work(sandbox):
@@ -265,6 +333,41 @@ def test_network_is_unreachable(sandbox):
     assert r.stdout.count("failed") == 4
     assert r.status == Status.NO_NETWORK and "Network is unreachable" in r.stderr and "no network" in r.detail
     assert accepted == []
+
+
+SYSCALLS = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(label, name, *args):
+    r = getattr(libc, name)(*args)
+    e = ctypes.get_errno()
+    print(label, 'ALLOWED' if r != -1 else errno.errorcode.get(e, e))
+call('unshare_user', 'unshare', 0x10000000)      # CLONE_NEWUSER
+call('unshare_mount', 'unshare', 0x00020000)     # CLONE_NEWNS
+call('mount', 'mount', b'none', b'/tmp', b'tmpfs', 0, None)
+call('ptrace', 'ptrace', 0, 0, None, None)       # PTRACE_TRACEME: allowed to any process without a filter
+call('process_vm_readv', 'syscall', 310, os.getpid(), None, 0, None, 0, 0)  # of itself
+call('keyctl', 'syscall', 250, 0, -1, 0)         # KEYCTL_GET_KEYRING_ID of the thread keyring
+call('bpf', 'syscall', 321, 0, None, 0)
+call('perf_event_open', 'syscall', 298, None, 0, -1, -1, 0)
+print('Seccomp', [l.split()[1] for l in open('/proc/self/status') if l.startswith('Seccomp:')])
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print('fork', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_seccomp_denies_namespaces_mounts_ptrace_keyring_bpf_perf(sandbox):
+    """Each denied call fails with EPERM (a Python-level error, not a crash); fork still works."""
+    r = run(sandbox, SYSCALLS)
+    assert r.status == Status.OK, r
+    lines = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    for name in ("unshare_user", "unshare_mount", "mount", "ptrace", "process_vm_readv", "keyctl", "bpf",
+                 "perf_event_open"):
+        assert lines[name] == "EPERM", r.stdout
+    assert r.stdout.count("EPERM") == 8 and "ALLOWED" not in r.stdout, r.stdout
+    assert lines["Seccomp"] == "['2']" and lines["fork"] == "7"
 
 
 def test_writes_outside_scratch_fail(sandbox, tmp_path):
@@ -352,7 +455,7 @@ def test_cancelled_call_kills_the_whole_sandbox(sandbox):
         task = asyncio.create_task(sandbox.run(
             f"import subprocess, time\nsubprocess.Popen(['sleep', '{marker}'])\ntime.sleep(60)"
         ))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not _with_cmdline(f"sleep\0{marker}".encode()):
             assert time.monotonic() < deadline, "the sandboxed program never started"
             await asyncio.sleep(0.05)
@@ -370,7 +473,7 @@ def test_cancelled_call_kills_the_whole_sandbox(sandbox):
     asyncio.run(scenario())
     assert seen["pgid"] == min(seen["tree"])  # bwrap leads its own group
     assert len(seen["tree"]) >= 3  # bwrap, the sandbox's init, python (and sleep)
-    assert seen["cancel_s"] < 2
+    assert seen["cancel_s"] < 10  # the kill does not wait for the program (it sleeps 60 s)
     assert _wait_gone(seen["tree"], pgid=seen["pgid"]) == []
     assert _with_cmdline(f"sleep\0{marker}".encode()) == []
 

@@ -32,7 +32,6 @@ from recipe.tools.calculator import CalculatorError, calculate, evaluate
         ("sqrt(2)", "≈ 1.414213562373095"),
         ("8^(1/3)", "2"),
         ("abs(-3) + floor(2.7) + ceil(2.1)", "8"),
-        ("round(2.5) + round(-2.5)", "0"),
         ("round(7/3, 2)", "2.33"),
         ("max(1,234)", "234"),  # with a function call "," separates arguments
         ("min(4, 2.5, 3)", "2.5"),
@@ -82,6 +81,43 @@ def test_never_eval(monkeypatch):
         monkeypatch.setattr(builtins, name, boom)
     assert calculate("2*(3+4)") == "14"
     assert calculate("__import__('os').system('true')").startswith("Error")
+
+
+@pytest.mark.parametrize(
+    "expr, want",
+    [
+        # Halves away from zero, as the docs promise (half to even would give 2, -2, 0.12, -0.12, 0).
+        ("round(2.5)", "3"),
+        ("round(-2.5)", "-3"),
+        ("round(0.125, 2)", "0.13"),
+        ("round(-0.125, 2)", "-0.13"),
+        ("round(0.5)", "1"),
+        ("round(1.5)", "2"),
+        ("round(2.4999)", "2"),
+        ("round(1250, -2)", "1300"),
+    ],
+)
+def test_round_takes_halves_away_from_zero(expr, want):
+    assert calculate(expr) == want
+
+
+@pytest.mark.parametrize(
+    "expr, want",
+    [
+        # A function of an approximation is an approximation, even when it prints as an integer.
+        ("abs(pi)", "≈ 3.141592653589793"),
+        ("-pi", "≈ -3.141592653589793"),
+        ("floor(sqrt(2))", "≈ 1"),
+        ("ceil(e)", "≈ 3"),
+        ("round(pi, 2)", "≈ 3.14"),
+        ("max(1, pi)", "≈ 3.141592653589793"),
+        ("sqrt(2)^2", "≈ 2"),
+        ("floor(sqrt(16))", "4"),  # exact input, exact result
+    ],
+)
+def test_inexact_results_are_marked(expr, want):
+    assert calculate(expr) == want
+    assert evaluate(expr).exact == (not want.startswith("≈"))
 
 
 def test_exactness_flag():

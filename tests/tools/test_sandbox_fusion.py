@@ -1,9 +1,10 @@
-"""The SandboxFusion backend against a fake server: request format and the mapping of every answer to a result.
+"""The SandboxFusion backend against a fake server: the request and the limits it carries, the mapping of every
+answer to a result, how much of an answer is read, and when a request is sent again.
 
-``FakeSandboxFusion`` is a test double: a tiny HTTP server on 127.0.0.1 that records each ``POST /run_code`` and
-answers what a test scripts, in the shape of SandboxFusion's ``RunCodeResponse`` (sandbox-fusion 0.3.7's models). It
-does not run code. The client under test is the real PyPI ``sandbox-fusion`` client (skipped, with the install line,
-where it is not installed).
+``FakeSandboxFusion`` is a test double: a tiny HTTP server on 127.0.0.1 that records each ``POST /run_code`` (an
+execution, for the server) and answers what a test scripts, in the shape of SandboxFusion's ``RunCodeResponse``
+(sandbox-fusion 0.3.7's models). It does not run code. The backend under test uses the real PyPI ``sandbox-fusion``
+models (skipped, with the install line, where they are not installed).
 """
 
 import asyncio
@@ -11,12 +12,13 @@ import json
 import socket
 import threading
 import time
+import tracemalloc
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from recipe.tools.fusion import CLIENT_PIN, SandboxFusionBackend
-from recipe.tools.limits import SandboxLimits
+from recipe.tools.fusion import CLIENT_PIN, SandboxFusionBackend, answer_budget
+from recipe.tools.limits import MiB, SandboxLimits
 from recipe.tools.result import Status
 from recipe.tools.sandbox import make_backend, sandbox_self_check
 
@@ -38,12 +40,18 @@ def finished(stdout="", stderr="", code=0, status="Finished"):
 
 
 class FakeSandboxFusion:
-    """Test double of the SandboxFusion server (see the module docstring)."""
+    """Test double of the SandboxFusion server (see the module docstring). ``requests`` are the executions it was
+    asked for; ``answer`` is a (code, payload) pair, or ``"disconnect"`` (close without answering), or
+    ``("huge", n)``: a 200 answer of ``n`` bytes, written in 64 KiB pieces (never held whole), recording in
+    ``written`` how many went out before the client hung up (``done`` is set when the handler ends)."""
 
-    def __init__(self):
+    def __init__(self, listen=True):
         self.requests = []
         self.answer = (200, finished("2\n"))
         self.delay = 0.0
+        self.written = 0
+        self.write_failed = False
+        self.done = threading.Event()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,27 +59,62 @@ class FakeSandboxFusion:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 fake.requests.append({"path": self.path, "json": json.loads(body)})
                 time.sleep(fake.delay)
-                code, payload = fake.answer
-                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 try:
+                    if fake.answer == "disconnect":
+                        self.close_connection = True
+                        return
+                    if fake.answer[0] == "huge":
+                        self.send_huge(fake.answer[1])
+                        return
+                    code, payload = fake.answer
+                    data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                     self.send_response(code)
                     self.send_header("Content-Type", "application/json" if code == 200 else "text/plain")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
-                    pass
+                    fake.write_failed = True
+                finally:
+                    fake.done.set()
+
+            def send_huge(self, n):
+                # A well-formed answer of n bytes, nearly all of them stdout: only its size is hostile.
+                head = b'{"status": "Success", "message": "", "run_result": {"status": "Finished", "stdout": "'
+                tail = b'", "stderr": "", "return_code": 0, "execution_time": 0.1}, "files": {}}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(n))
+                self.end_headers()
+                self.wfile.write(head)
+                fake.written = len(head)
+                piece = b"x" * 65536
+                while fake.written < n - len(tail):
+                    k = min(len(piece), n - len(tail) - fake.written)
+                    self.wfile.write(piece[:k])
+                    fake.written += k
+                self.wfile.write(tail)
+                fake.written += len(tail)
 
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
         self.server.daemon_threads = True
+        self.server.server_bind()  # bound but not listening: a connection is refused until listen()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.listening = False
+        if listen:
+            self.listen()
+
+    def listen(self):
+        self.server.server_activate()
+        self.listening = True
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def close(self):
-        self.server.shutdown()
+        if self.listening:
+            self.server.shutdown()
         self.server.server_close()
 
 
@@ -98,6 +141,21 @@ def test_request_format_and_success(fake):
     body = req["json"]
     assert body["code"] == "print(1+1)" and body["language"] == "python" and body["stdin"] == "in"
     assert body["run_timeout"] == LIMITS.wall_timeout_s and body["files"] == {}
+
+
+def test_request_carries_the_limits_the_api_accepts(fake):
+    """run_timeout and memory_limit_MB are SandboxFusion's run_code fields; the rest have none (module docstring)."""
+    lim = SandboxLimits(wall_timeout_s=3.5, memory_bytes=300 * MiB)
+    assert run(SandboxFusionBackend(url=fake.url, limits=lim, max_attempts=1)).ok
+    body = fake.requests[0]["json"]
+    assert body["run_timeout"] == 3.5 and body["memory_limit_MB"] == 300
+
+
+def test_self_check_line_says_what_is_enforced_where():
+    line = SandboxFusionBackend(url="http://x", limits=SandboxLimits(wall_timeout_s=3.5, memory_bytes=300 * MiB,
+                                                                     max_output_bytes=1000)).describe_limits()
+    assert "run_timeout 3.5 s" in line and "memory_limit_MB 300" in line and "output cut at 1000 bytes" in line
+    assert "processes" in line and "network: the server's own configuration" in line
 
 
 def test_trailing_slash_in_url(fake):
@@ -148,14 +206,15 @@ def test_unreachable_server_names_the_fix():
 
 
 def test_slow_server_times_out(fake):
-    fake.delay = 3.0  # past the client's timeout: run_timeout 2 s + 0.2 s
+    fake.delay = 30.0  # far past the client's timeout: run_timeout 2 s + 0.2 s
     t0 = time.monotonic()
     r = run(backend(fake.url, http_margin_s=0.2), "print(1)")
-    assert r.status == Status.TIMEOUT and time.monotonic() - t0 < 3.0
+    assert r.status == Status.TIMEOUT and time.monotonic() - t0 < 20.0  # gave up, did not wait for the answer
 
 
 def test_cancel_returns_at_once(fake):
-    fake.delay = 5.0
+    """Cancelling closes the connection without waiting for the answer (the server's program runs on: docs)."""
+    fake.delay = 30.0
 
     async def scenario():
         task = asyncio.create_task(backend(fake.url).run("print(1)"))
@@ -166,7 +225,7 @@ def test_cancel_returns_at_once(fake):
             await task
         return time.monotonic() - t0
 
-    assert asyncio.run(scenario()) < 1.0
+    assert asyncio.run(scenario()) < 20.0
 
 
 def test_missing_url_and_code_too_long():
@@ -189,3 +248,61 @@ def test_make_backend_from_env(fake):
     assert isinstance(b, SandboxFusionBackend) and b.url == fake.url and b.limits.wall_timeout_s == 7
     with pytest.raises(ValueError, match="SANDBOX_BACKEND must be one of"):
         make_backend("docker", environ={})
+
+
+def test_huge_answer_is_cut_while_read(fake):
+    """A 64 MB answer: the client reads at most the answer budget, hangs up, and never holds the rest."""
+    lim = SandboxLimits(wall_timeout_s=2, max_output_bytes=1000, max_code_bytes=1000)
+    total = 64 * MiB
+    fake.answer = ("huge", total)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        r = run(SandboxFusionBackend(url=fake.url, limits=lim, max_attempts=1))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.status == Status.OUTPUT_LIMIT and "output limit" in r.detail, r
+    assert peak < 4 * MiB, f"the client held {peak} bytes while reading a {total}-byte answer"
+    assert r.extra["answer_bytes"] <= answer_budget(lim) < 100_000
+    assert fake.done.wait(60)
+    assert fake.write_failed and fake.written < total  # the server saw the connection closed before the end
+
+
+@pytest.mark.parametrize("answer", ["http_500", "read_timeout", "disconnect"])
+def test_a_program_the_server_may_have_run_is_not_sent_again(fake, answer):
+    """After the request reached the server, a failure ends the call: a second POST could run the program twice."""
+    b = SandboxFusionBackend(url=fake.url, limits=SandboxLimits(wall_timeout_s=0.5), max_attempts=3,
+                             http_margin_s=0.2, retry_backoff_s=0.01)
+    if answer == "http_500":
+        fake.answer = (500, "internal error")
+    elif answer == "read_timeout":
+        fake.delay = 2.0
+    else:
+        fake.answer = "disconnect"
+    r = run(b)
+    assert r.status in (Status.SANDBOX_ERROR, Status.TIMEOUT) and not r.ok, r
+    assert fake.done.wait(60)  # the server handled the first request (a loaded machine may be slow to)
+    assert len(fake.requests) == 1, f"{answer}: the program was sent {len(fake.requests)} times"
+
+
+def test_a_refused_connection_is_tried_again():
+    """Refused (nothing listens yet): the server never saw the request, so the next attempt sends it, once."""
+    fake = FakeSandboxFusion(listen=False)
+    try:
+        b = SandboxFusionBackend(url=fake.url, limits=LIMITS, max_attempts=2, retry_backoff_s=0.01)
+        post, attempts = b._post, []
+
+        async def first_refused_then_listen(*args):
+            attempts.append(fake.listening)
+            try:
+                return await post(*args)
+            finally:
+                if not fake.listening:
+                    fake.listen()
+
+        b._post = first_refused_then_listen
+        r = run(b)
+        assert attempts == [False, True] and r.ok and r.stdout == "2\n" and len(fake.requests) == 1, r
+    finally:
+        fake.close()

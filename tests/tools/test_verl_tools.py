@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipe.tools.sandbox import sandbox_self_check
+from recipe.testing.sandbox_check import require_sandbox
 
 tool_registry = pytest.importorskip("verl.tools.tool_registry")
 from verl.tools.base_tool import BaseTool  # noqa: E402
@@ -73,6 +73,49 @@ def test_default_schema_without_yaml_schema():
     assert PythonTool({"type": "native"}, None).name == "code_interpreter"
 
 
+def _description(tool):
+    """What verl puts in the prompt's tools list for this tool (ToolAgentLoop: tool_schema.model_dump(...))."""
+    return tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)["function"]["description"]
+
+
+def test_description_follows_the_bubblewrap_backend(monkeypatch, tmp_path):
+    limits = {"wall_timeout_s": 5, "cpu_time_s": 3, "memory_bytes": 268435456, "max_processes": 16,
+              "max_output_bytes": 65536, "scratch_bytes": 33554432}
+    for tool in (PythonTool({"type": "native", "backend": "bubblewrap", "limits": limits}, None),
+                 _yaml_tool(monkeypatch, tmp_path, {"SANDBOX_BACKEND": "bubblewrap"}, limits)):
+        text = _description(tool)
+        assert "without network access" in text and "scratch directory is /tmp (32 MiB)" in text, text
+        for claim in ("5 s", "3 s of CPU", "256 MiB of memory", "16 processes", "64 KiB of output"):
+            assert claim in text, (claim, text)
+
+
+def test_description_follows_the_sandbox_fusion_backend(monkeypatch, tmp_path):
+    """The server decides network, files, memory and processes: the model is promised only what the client
+    enforces (the output cut) and the server is sent (the run timeout)."""
+    limits = {"wall_timeout_s": 5, "max_output_bytes": 65536, "memory_bytes": 268435456}
+    for tool in (PythonTool({"type": "native", "backend": "sandbox_fusion", "limits": limits}, None),
+                 _yaml_tool(monkeypatch, tmp_path,
+                            {"SANDBOX_BACKEND": "sandbox_fusion", "SANDBOX_FUSION_URL": "http://127.0.0.1:9"},
+                            limits)):
+        text = _description(tool)
+        assert "SandboxFusion server" in text and "5 s" in text and "cut at 64 KiB" in text, text
+        assert "as the server is set up" in text, text
+        for promise in ("no network", "without network", "/tmp", "memory", "processes"):
+            assert promise not in text.lower(), (promise, text)
+
+
+def _yaml_tool(monkeypatch, tmp_path, env, limits):
+    """The shipped python_tool.yaml through verl's registry, its ${oc.env:...} resolved from ``env``."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cfg = yaml.safe_load((CONFIGS / "python_tool.yaml").read_text())
+    cfg["tools"][0]["config"]["limits"].update(limits)
+    path = tmp_path / "python_tool.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    (tool,) = tool_registry.initialize_tools_from_config(str(path))
+    return tool
+
+
 def test_strip_code_fence():
     assert strip_code_fence("```python\nprint(1)\n```") == "print(1)"
     assert strip_code_fence("```\nx=1\nprint(x)\n```\n") == "x=1\nprint(x)"
@@ -93,9 +136,7 @@ def _python_tool(tmp_path, **limits):
 def python_tool(tmp_path):
     # A generous wall clock: the CPU limit (1 s) must fire first even on a loaded machine.
     tool = _python_tool(tmp_path, wall_timeout_s=10, cpu_time_s=1, memory_bytes=268435456, max_processes=16)
-    err = sandbox_self_check(tool.backend)
-    if err is not None:
-        pytest.skip(f"bubblewrap sandbox unavailable here: {err}")
+    require_sandbox(tool.backend)
     return tool
 
 
