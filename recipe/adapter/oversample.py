@@ -9,9 +9,11 @@ Per step (``LengthAwareTrainer`` calls these from verl's hooks):
   until the next resume), wait until the leftover groups are terminal in TransferQueue, count what vLLM still holds
   (``engine_unfinished_after_settle``, 0 after a clean abort), read their partial lengths
   (censored observations for the estimates, and ``abort`` entries of the step's length trace), drop them from
-  TransferQueue and re-queue their prompts into the epoch. On multi-turn runs the rollout gate closes first
-  (``recipe.adapter.rollout_gate``): tool calls in flight are cancelled, so the settle never waits on a tool.
-  ``resume`` (from ``on_step_end``, after the weight update) re-opens generation (and the gate).
+  TransferQueue and re-queue their prompts into the epoch. The abort, the settle's deadline and the resume are
+  ``recipe.adapter.step_abort.StepAbort``'s (shared with the tail cut): on multi-turn runs the rollout gate closes
+  first for the launch's step (``recipe.adapter.rollout_gate``), so its tool calls in flight are cancelled and the
+  settle never waits on a tool. ``resume`` (from ``on_step_end``, after the weight update) re-opens generation (and
+  the gate).
 * ``continue`` mode: an aborted group's trajectories stay in TransferQueue and its row carries a ``PartialRef`` the
   next time it is launched (``partial_for``); its agent loops resume each response (recipe/adapter/partial.py;
   multi-turn trajectories from the turn-boundary snapshot an abort leaves in them, recipe/adapter/tool_agent_loop.py).
@@ -32,9 +34,10 @@ import transfer_queue as tq
 
 from ..core.oversample import OverSampleController, StepOutcome, requeue_aborted
 from ..core.step_stats import StepResponses
-from .columns import column_to_numpy
-from .fields import CAP, PREDICTION, ROW_ID
+from .columns import column_to_numpy, sequences
+from .fields import CAP, PREDICTION, ROLLOUT_STEP, ROW_ID
 from .partial import RESUME_AT, PartialRef
+from .step_abort import StepAbort
 
 logger = logging.getLogger(__name__)
 
@@ -47,19 +50,16 @@ class Launch:
     rows: np.ndarray
     time: float
     epoch: int
+    step: int  # the training step the rows carry (``rollout_step``): the one the gate closes for
     partition_id: str = "train"
     extra: dict = field(default_factory=dict)
-
-
-def _sequences(column) -> list:
-    """The rows of a TransferQueue tensor column (nested: variable lengths)."""
-    return column.unbind() if getattr(column, "is_nested", False) else list(column)
 
 
 class OverSampleDriver:
     def __init__(self, controller: OverSampleController, *, rollout_n: int, stop_token_ids: set[int],
                  response_length: int, has_logprobs: bool, settle_timeout_s: float = 600.0,
-                 events_path: str | None = None, poll_s: float = 0.05, gate=None, multi_turn: bool = False):
+                 events_path: str | None = None, poll_s: float = 0.05, abort: StepAbort | None = None,
+                 multi_turn: bool = False):
         self.controller = controller
         self.rollout_n = int(rollout_n)
         self.stop_token_ids = set(stop_token_ids)
@@ -68,9 +68,8 @@ class OverSampleDriver:
         self.settle_timeout_s = settle_timeout_s
         self.events_path = events_path
         self.poll_s = poll_s
-        self.gate = gate  # a rollout_gate.DriverGate (multi-turn: tool calls in flight are cancelled) or None
+        self.abort = abort if abort is not None else StepAbort()  # the trainer's (it holds the rollout gate)
         self.multi_turn = bool(multi_turn)  # trajectories say themselves whether an abort cut them (RESUME_AT)
-        self._gate_closed = False
         self.pending: Launch | None = None
         self.partials: dict[int, PartialRef] = {}  # row -> where its partial responses wait (continue mode)
         self.last_metrics: dict[str, float] = {}
@@ -94,6 +93,7 @@ class OverSampleDriver:
         rows = column_to_numpy(batch[ROW_ID], dtype=np.int64)
         resumed = {r: self.partials.pop(r) for r in rows.tolist() if r in self.partials}
         self.pending = Launch(uids=uids, rows=rows, time=time.time(), epoch=sampler.plan.epoch,
+                              step=int(batch[ROLLOUT_STEP][0]),
                               extra={"resumed": resumed, "caps": column_to_numpy(batch[CAP], dtype=np.int64)})
         return trainer._submit_batch_to_rollout(batch)
 
@@ -112,20 +112,13 @@ class OverSampleDriver:
         t_target = time.time()
         leftover = self._leftover(launch)
         if leftover:
-            if self.gate is not None:
-                self.gate.close()
-                self._gate_closed = True
-            trainer.checkpoint_manager.abort_replicas(reject_request=True)
-            deadline = t_target + self.settle_timeout_s
-            while any(s not in TERMINAL for s in leftover.values()):
-                if time.time() > deadline:
-                    stuck = [u for u, s in leftover.items() if s not in TERMINAL]
-                    raise TimeoutError(
-                        f"over-sample: {len(stuck)} aborted groups did not settle within {self.settle_timeout_s}s "
-                        f"(e.g. {stuck[:3]}); check the rollout servers' abort handling"
-                    )
-                time.sleep(self.poll_s)
+            self.abort.abort(trainer.checkpoint_manager, launch.step)
+
+            def stuck() -> list[str]:
                 leftover.update(self._leftover(launch))
+                return [u for u, s in leftover.items() if s not in TERMINAL]
+
+            self.abort.settle(stuck, self.settle_timeout_s, self.poll_s, "over-sample")
         idle_s = time.time() - t_target
         unfinished = engine_unfinished_requests(trainer.checkpoint_manager) if leftover else 0
         if unfinished:
@@ -162,11 +155,11 @@ class OverSampleDriver:
             fields = ([ROW_ID, "responses", CAP, PREDICTION] + (["prompts"] if self.events_path else [])
                       + (["extra_fields"] if self.multi_turn else []))
             data = tq.kv_batch_get(keys=traj, partition_id=launch.partition_id, select_fields=fields)
-            responses = [r.tolist() for r in _sequences(data["responses"])]
+            responses = [r.tolist() for r in sequences(data["responses"])]
             if self.events_path:
                 self.last_partial_tokens = {
                     (k.rsplit("_", 2)[0], int(k.rsplit("_", 2)[1])): (r, p.tolist())
-                    for k, r, p in zip(traj, responses, _sequences(data["prompts"]))}
+                    for k, r, p in zip(traj, responses, sequences(data["prompts"]))}
             rows = column_to_numpy(data[ROW_ID], dtype=np.int64)
             # token counts, not response_mask sums (mask_stale_tokens zeroes a resumed response's older tokens)
             lengths = np.array([int(items[k]["response_len"]) for k in traj], dtype=np.int64)
@@ -176,7 +169,7 @@ class OverSampleDriver:
             # tool-call turn whose tool was cancelled)
             cut = np.array([not (r and r[-1] in self.stop_token_ids) for r in responses], dtype=bool)
             if self.multi_turn:
-                cut |= np.array([RESUME_AT in e for e in _sequences(data["extra_fields"])], dtype=bool)
+                cut |= np.array([RESUME_AT in e for e in sequences(data["extra_fields"])], dtype=bool)
             self.last_aborted = StepResponses(
                 rows=rows, lengths=lengths, caps=column_to_numpy(data[CAP], dtype=np.int64),
                 predicted=column_to_numpy(data[PREDICTION], dtype=np.float64), response_length=self.response_length,
@@ -246,11 +239,7 @@ class OverSampleDriver:
                 }) + "\n")
 
     def resume(self, trainer) -> None:
-        if self.last_metrics.get("rollout/over_sample/aborted_groups", 0) > 0:
-            trainer.checkpoint_manager.resume_generation_replicas()
-        if self._gate_closed:
-            self.gate.open()
-            self._gate_closed = False
+        self.abort.resume(trainer.checkpoint_manager)
 
     def state_dict(self) -> dict:
         return self.controller.state_dict()

@@ -9,10 +9,12 @@ responses count as truncated (censored in the estimates, ``cut`` in the traces, 
 and nothing is resumed, so it stays on-policy and every prompt is trained once per epoch. Generation re-opens after
 the weight update (``resume``). Not combinable with over-sampling, which aborts for another reason.
 
-The abort rejects late requests (``reject_request=True``): a multi-turn trajectory that wants another turn after the
-cut gets an empty aborted reply and ends as truncated, instead of parking until a resume that comes only after the
-step (a deadlock). With a rollout gate (multi-turn runs, ``recipe.adapter.rollout_gate``) the gate closes first, so
-tool calls in flight are cancelled and no new turn starts.
+The abort is ``recipe.adapter.step_abort.StepAbort``'s, shared with over-sampling: it rejects late requests
+(``reject_request=True``), so a multi-turn trajectory that wants another turn after the cut gets an empty aborted
+reply and ends as truncated instead of parking until a resume that comes only after the step (a deadlock); with a
+rollout gate (multi-turn runs, ``recipe.adapter.rollout_gate``) the gate first closes for the watched step, so that
+step's tool calls in flight are cancelled and none of its trajectories starts a new turn. The settle is verl's own
+wait for the step's groups.
 
 With a truncation budget (``recipe.tail_cut.max_extra_truncation``, env ``TAIL_CUT_MAX_EXTRA_TRUNCATION``) the
 monitor holds a ``recipe.core.tailcut_budget.TailCutBudget``: each step's rule is its ``cut()``, and the trainer
@@ -30,29 +32,35 @@ import transfer_queue as tq
 
 from ..core.tailcut import TailCut
 from ..core.tailcut_budget import TailCutBudget
+from .step_abort import StepAbort
 
 logger = logging.getLogger(__name__)
 
 
 class TailCutMonitor:
     def __init__(self, cut: TailCut, rollout_n: int, poll_s: float = 0.05, budget: TailCutBudget | None = None,
-                 gate=None):
+                 abort: StepAbort | None = None):
         self.cut, self.rollout_n, self.poll_s = cut, int(rollout_n), poll_s
         self.budget = budget  # None: the fixed ``cut`` every step
-        self.gate = gate  # a rollout_gate.DriverGate (multi-turn) or None
+        self.abort = abort if abort is not None else StepAbort()  # the trainer's (it holds the rollout gate)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.done_at_cut: set[str] | None = None  # response keys finished when the step was cut (None: no cut)
         self.last_metrics: dict[str, float] = {}
 
-    def start(self, checkpoint_manager, uids: list[str], level: float, partition_id: str = "train") -> None:
-        """Watch the step launched as ``uids`` (one GRPO group each) until ``stop``."""
+    def start(self, checkpoint_manager, uids: list[str], level: float, partition_id: str = "train",
+              step: int | None = None) -> None:
+        """Watch the step launched as ``uids`` (one GRPO group each) until ``stop``. ``step``: the training step
+        its rows carry (``rollout_step``), which a cut closes the rollout gate for (required with a gate)."""
+        if step is None and self.abort.gate is not None:
+            raise ValueError("TailCutMonitor.start: with a rollout gate the watched step is required (step=, the "
+                             "rows' rollout_step)")
         self.done_at_cut, self._stop = None, threading.Event()
         if self.budget is not None:
             self.cut = self.budget.cut()  # this step's allowance, from what the run has observed so far
         launched = len(uids) * self.rollout_n
         self._thread = threading.Thread(target=self._watch, name="recipe-tail-cut", daemon=True,
-                                        args=(checkpoint_manager, set(uids), launched, level, partition_id))
+                                        args=(checkpoint_manager, set(uids), launched, level, partition_id, step))
         self._thread.start()
 
     def _finished(self, uids: set[str], partition_id: str) -> set[str]:
@@ -60,7 +68,8 @@ class TailCutMonitor:
         return {k for k, tag in items.items()
                 if not tag.get("is_prompt", False) and k.rsplit("_", 2)[0] in uids and tag.get("status") == "success"}
 
-    def _watch(self, checkpoint_manager, uids: set[str], launched: int, level: float, partition_id: str) -> None:
+    def _watch(self, checkpoint_manager, uids: set[str], launched: int, level: float, partition_id: str,
+               step: int | None) -> None:
         try:
             while not self._stop.is_set():
                 done = self._finished(uids, partition_id)
@@ -68,9 +77,7 @@ class TailCutMonitor:
                     return
                 if self.cut.should_cut(len(done), launched, level):
                     self.done_at_cut = done
-                    if self.gate is not None:
-                        self.gate.close()
-                    checkpoint_manager.abort_replicas(reject_request=True)
+                    self.abort.abort(checkpoint_manager, step)
                     return
                 time.sleep(self.poll_s)
         except Exception:  # noqa: BLE001 - a failed watch must not take the step down: it only loses the cut
@@ -106,8 +113,5 @@ class TailCutMonitor:
             self.budget.load_state_dict(state)
 
     def resume(self, checkpoint_manager) -> None:
-        """After the weight update: re-open generation on the replicas the cut paused."""
-        if self.done_at_cut is not None:
-            checkpoint_manager.resume_generation_replicas()
-            if self.gate is not None:
-                self.gate.open()
+        """After the weight update: re-open generation on the replicas the cut paused (and the gate)."""
+        self.abort.resume(checkpoint_manager)

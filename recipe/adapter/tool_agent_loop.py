@@ -13,10 +13,12 @@ makes it the default agent loop. What it changes, and why:
 * **Priority.** verl's loop accepts the row's ``priority`` but does not pass it on; here every turn carries it.
 * **Aborts.** A turn vLLM returns as ``aborted`` (over-sample settle, the tail cut) ends the trajectory: its tokens
   are kept (they are the policy's), it is not parsed for tool calls and no tool runs. No new turn starts while the
-  rollout gate is closed (``recipe.adapter.rollout_gate``), and a tool stage running when the gate closes is
-  cancelled: the sandbox's whole process group is killed. So a step's abort never waits on a tool and never leaves
-  one running, and a trajectory cut by the tail cut between turns ends as truncated instead of waiting for a resume
-  that comes only after the step.
+  rollout gate (``recipe.adapter.rollout_gate``) is closed for the trajectory's step (the row's ``rollout_step``),
+  and a tool stage running when it closes for that step is cancelled: the sandbox's whole process group is killed.
+  So a step's abort never waits on a tool and never leaves one running, and a trajectory cut by the tail cut between
+  turns ends as truncated instead of waiting for a resume that comes only after the step. A gate closed for another
+  step (a worker's view that has not yet heard the ``open``) cuts nothing; validation rows carry no step and are
+  never cut.
 * **Resumption** (over-sample ``continue``). A trajectory cut by an abort records a ``TurnBoundary`` in its
   ``extra_fields`` (``RESUME_AT``): the chat, the token count and the turn counters at the start of the stage that
   was cut. The re-queued row's loop fetches the stored trajectory (``recipe.adapter.partial``) and rebuilds verl's
@@ -43,7 +45,7 @@ from verl.tools.schemas import ToolResponse
 
 from ..core.seeds import turn_seed
 from .agent_loop import row_int
-from .fields import CAP, PARTIAL, SEED
+from .fields import CAP, PARTIAL, ROLLOUT_STEP, SEED
 from .partial import RESUME_AT, ContinueFrom, PartialRef, StoredResponse, fetch_partial, mask_stale
 from .rollout_gate import GateWatch, gate_watch
 from .turns import TOOL_CALLS
@@ -126,6 +128,8 @@ class CappedToolAgentLoop(ToolAgentLoop):
             self.response_length = cap
         seed = row_int(kwargs.get(SEED), absent=-1)
         self._seed = (seed, int(kwargs["session_id"])) if seed >= 0 else None
+        step = kwargs.get(ROLLOUT_STEP)
+        self._step = None if step is None else row_int(step)  # None: a validation row, never cut by the gate
         self._tool_calls = 0
         self._answers: dict[int, tuple] = {}  # the tool stage's replies so far, by call index
         self._cut_at: TurnBoundary | None = None  # where an abort cut this run
@@ -146,7 +150,7 @@ class CappedToolAgentLoop(ToolAgentLoop):
         self._client = _TurnClient(server, row_int(priority))
         self.server_manager = self._client
         self.tool_parser = _SkipAbortedParser(self.tool_parser, self._client)
-        self.gate = await gate_watch()
+        self.gate = await gate_watch() if self._step is not None else None
         return self._finish(await super().run(sampling_params, priority=priority, **kwargs))
 
     def _finish(self, output: AgentLoopOutput) -> AgentLoopOutput:
@@ -154,7 +158,7 @@ class CappedToolAgentLoop(ToolAgentLoop):
         if self._cut_at is not None and self._keeps_partials():
             output.extra_fields[RESUME_AT] = asdict(self._cut_at)
         if not output.response_mask:
-            # ended before its first token (aborted, or the gate was closed): verl slices the response as
+            # ended before its first token (aborted, or the gate was closed for its step): verl slices the response as
             # ``ids[-len(mask):]``, which is the whole prompt for an empty mask
             output.response_ids, output.response_logprobs = [], None
         return output if self._resumed_from is None else self._stale_masked(output, self._resumed_from[0])
@@ -222,8 +226,8 @@ class CappedToolAgentLoop(ToolAgentLoop):
         if remaining <= 0:
             return AgentState.TERMINATED
         boundary = self._boundary(agent_data)
-        # the step is being aborted: a new turn would wait for (or be refused) a resume
-        if self.gate is not None and self.gate.closed:
+        # this trajectory's step is being aborted: a new turn would wait for (or be refused) a resume
+        if self.gate is not None and self.gate.cuts(self._step):
             self._cut(GENERATE, boundary, agent_data)
             return AgentState.TERMINATED
         params = {**sampling_params, "max_tokens": remaining}
@@ -254,16 +258,16 @@ class CappedToolAgentLoop(ToolAgentLoop):
     async def _run_tools(self, agent_data: AgentData, calls: int) -> AgentState:
         if self.gate is None:
             return await super()._handle_processing_tools_state(agent_data)
-        if self.gate.closed:
+        if self.gate.cuts(self._step):
             self._cut(TOOLS, self._boundary(agent_data), agent_data)
             return AgentState.TERMINATED
         tools = asyncio.ensure_future(super()._handle_processing_tools_state(agent_data))
-        closed = asyncio.ensure_future(self.gate.wait_closed())
+        closed = asyncio.ensure_future(self.gate.wait_cut(self._step))
         try:
             await asyncio.wait({tools, closed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
-            if not tools.done():  # the gate closed first (or this task was cancelled): stop the tools
+            if not tools.done():  # the gate closed for this step first (or this task was cancelled): stop the tools
                 tools.cancel()
                 await asyncio.gather(tools, return_exceptions=True)
         if tools.cancelled():

@@ -10,11 +10,12 @@ on a real vLLM engine is covered in test_oversample_engine.py.
 import math
 
 import numpy as np
+import pytest
 import torch
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from recipe.adapter.columns import column_to_numpy
-from recipe.adapter.fields import CAP, PREDICTION, ROW_ID
+from recipe.adapter.fields import CAP, PREDICTION, ROLLOUT_STEP, ROW_ID
 from recipe.adapter.partial import RESUME_AT
 from recipe.testing.recipe_config import ROLLOUT_N, TRAIN_BATCH, compose_recipe
 from recipe.traces import read_records
@@ -220,24 +221,57 @@ def test_a_response_that_stopped_before_the_abort_is_an_exact_length(tiny_artifa
     assert sorted(set(tail)) == ["abort", "eos"] and tail.count("eos") == int(session0.sum())
 
 
-def test_a_rollout_gate_closes_before_the_abort_and_opens_after_the_resume(tiny_artifacts, tmp_path, tq_cluster):
-    """Multi-turn runs (``rollout_gate``): the settle closes the gate before vLLM's abort, so trajectories in a tool
-    call are cancelled and none starts a new turn; the resume opens it after generation is back."""
+def test_a_rollout_gate_closes_for_the_launched_step_before_the_abort_and_opens_after_the_resume(
+        tiny_artifacts, tmp_path, tq_cluster):
+    """Multi-turn runs (``rollout_gate``): the settle closes the gate, for the step the launched rows carry
+    (``rollout_step``), before vLLM's abort, so that step's trajectories in a tool call are cancelled and none starts
+    a new turn; the resume opens it after generation is back. The trainer's one StepAbort does both."""
     trainer = over_sampled_trainer(tiny_artifacts, tmp_path / "run", tq_cluster)
+    assert trainer.over_sample.abort is trainer.step_abort
     calls = trainer.checkpoint_manager.calls
+    launched_steps = []
+
+    class StepRollout(FakeRollout):
+        def generate_sequences(self, batch):
+            launched_steps.extend(batch[ROLLOUT_STEP].tolist())
+            super().generate_sequences(batch)
 
     class Gate:
-        def close(self):
-            calls.append(("gate", "close"))
+        def close(self, step):
+            calls.append(("gate", "close", step))
 
         def open(self):
             calls.append(("gate", "open"))
 
-    trainer.over_sample.gate = Gate()
-    run_step(trainer, tq_cluster, 1)
+    trainer.agent_loop_manager = StepRollout(tq_cluster)
+    trainer.checkpoint_manager.rollout = trainer.agent_loop_manager
+    trainer.step_abort.gate = Gate()
+    run_step(trainer, tq_cluster, 4)
+    assert set(launched_steps) == {4} and len(launched_steps) == math.ceil(TRAIN_BATCH * (1 + RATIO))
     names = [c if c[0] == "gate" else c[0] for c in calls]
-    assert names.index(("gate", "close")) == names.index("abort") - 1
+    assert names.index(("gate", "close", 4)) == names.index("abort") - 1
     assert names[-2:] == ["resume", ("gate", "open")]
+
+
+def test_groups_that_never_settle_after_the_abort_fail_the_step_by_name(tiny_artifacts, tmp_path, tq_cluster):
+    """Replicas whose abort does not end the running groups: the settle's deadline fails the step, naming how many
+    groups were left and what to check (rather than waiting for ever or training without them)."""
+    trainer = over_sampled_trainer(tiny_artifacts, tmp_path / "run", tq_cluster)
+
+    class DeafReplicas(FakeReplicas):
+        def abort_replicas(self, reject_request=False):  # the running groups are never finished
+            self.calls.append(("abort", reject_request))
+
+    trainer.checkpoint_manager = DeafReplicas(trainer.agent_loop_manager)
+    trainer.over_sample.settle_timeout_s = 0.0
+    trainer.global_steps, trainer.timing_raw = 1, {}
+    trainer.prepare_step()
+    trainer.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=TRAIN_BATCH)
+    left = math.ceil(TRAIN_BATCH * (1 + RATIO)) - TRAIN_BATCH
+    with pytest.raises(TimeoutError, match=rf"over-sample: {left} aborted groups did not settle within 0.0s .*abort "
+                                           "handling"):
+        trainer.on_sample_end()
+    assert trainer.checkpoint_manager.calls == [("abort", True)]
 
 
 def test_a_multi_turn_trajectory_that_records_where_to_resume_is_unfinished_even_after_eos(

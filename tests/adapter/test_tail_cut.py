@@ -11,6 +11,7 @@ import pytest
 import torch
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
+from recipe.adapter.step_abort import StepAbort
 from recipe.adapter.tail_cut import TailCutMonitor
 from recipe.core.tailcut import TailCut
 
@@ -143,24 +144,33 @@ class Gate:
     def __init__(self, calls):
         self.calls = calls
 
-    def close(self):
-        self.calls.append(("gate", "close"))
+    def close(self, step):
+        self.calls.append(("gate", "close", step))
 
     def open(self):
         self.calls.append(("gate", "open"))
 
 
-def test_with_a_rollout_gate_the_cut_closes_it_before_aborting_and_opens_it_after_resuming(tq_cluster, watches):
-    """Multi-turn runs: tool calls in flight are cancelled by the gate, so it must close before vLLM's abort (a
-    trajectory between turns must not start a turn the abort would then miss) and open only once generation is
-    back (a turn started in between would park)."""
+def test_with_a_rollout_gate_the_cut_closes_it_for_the_step_before_aborting_and_opens_it_after_resuming(
+        tq_cluster, watches):
+    """Multi-turn runs: tool calls in flight are cancelled by the gate, so it must close (for the watched step, the
+    one its rows carry) before vLLM's abort (a trajectory between turns must not start a turn the abort would then
+    miss) and open only once generation is back (a turn started in between would park)."""
     replicas = Replicas()
     monitor = watches(TailCut(0.5))
-    monitor.gate = Gate(replicas.calls)
-    monitor.start(replicas, ["g"], level=1.0)
+    monitor.abort = StepAbort(Gate(replicas.calls))
+    monitor.start(replicas, ["g"], level=1.0, step=3)
     finish(tq_cluster, "g", [0, 1])  # 2 of 4: cut
-    assert monitor.settled() and replicas.calls == [("gate", "close"), ("abort", True)]
+    assert monitor.settled() and replicas.calls == [("gate", "close", 3), ("abort", True)]
     finish(tq_cluster, "g", [2, 3])
     monitor.stop(launched_responses=N)
     monitor.resume(replicas)
     assert replicas.calls[2:] == [("resume",), ("gate", "open")]
+    monitor.resume(replicas)  # resumed once per abort
+    assert len(replicas.calls) == 4
+
+
+def test_with_a_rollout_gate_the_watched_step_is_required():
+    monitor = TailCutMonitor(TailCut(0.5), rollout_n=N, abort=StepAbort(Gate([])))
+    with pytest.raises(ValueError, match="step="):
+        monitor.start(Replicas(), ["g"], level=1.0)

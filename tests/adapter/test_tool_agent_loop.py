@@ -3,10 +3,11 @@ resuming a cut trajectory (over-sample ``continue``).
 
 The loop is built from configs/agent_loops.yaml with hydra and verl's tools from recipe/tools/configs/calculator.yaml
 through verl's own ``load_all_tools``, as verl's AgentLoopWorker builds them; the tokenizer is the trained tiny
-model's (its chat template renders tools and tool replies). Only the server is scripted: each turn returns the
-tokens of a given text (or the given token ids). The slow-tool tests run a real bubblewrap process (skipped with the
-reason where bwrap cannot run) and check it is gone after the gate closes. The resume tests store a cut run's output
-as verl's worker puts it into TransferQueue and serve it to ``fetch_partial`` in place of TransferQueue's read.
+model's (its chat template renders tools and tool replies). Only the server is scripted: each turn returns the tokens
+of a given text (or the given token ids). The slow-tool tests run a real bubblewrap process (skipped only where bwrap
+is absent and not required: ``recipe.testing.sandbox_check``) and check it is gone after the gate closes. The resume
+tests store a cut run's output as verl's worker puts it into TransferQueue and serve it to ``fetch_partial`` in place
+of TransferQueue's read.
 """
 import asyncio
 import json
@@ -18,7 +19,7 @@ import hydra
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.adapter.fields import CAP, PARTIAL, SEED
+from recipe.adapter.fields import CAP, PARTIAL, ROLLOUT_STEP, SEED
 from recipe.adapter.partial import RESUME_AT, PartialRef
 from recipe.adapter.rollout_gate import GateState, GateWatch
 from recipe.adapter.tool_agent_loop import GENERATE, TOOL_AGENT_LOOP_NAME, TOOLS, CappedToolAgentLoop
@@ -32,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 CALC_CONFIG = REPO / "recipe" / "tools" / "configs" / "calculator.yaml"
 CALL = tasks.tool_call_text("12*7+3")
 ANSWER = "The answer is 87. #### 87"
+STEP = 7  # the training step the rows are launched for (rollout_step)
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +105,13 @@ def load_tools(path):
     return load_all_tools(tool_config_path=str(path), function_tool_path=None)
 
 
-def row(**fields):
+def row(step=STEP, **fields):
+    """A training row launched for ``step`` (as the trainer's ``_next_train_batch`` makes it); None: a validation row,
+    which carries no step."""
     question, _, _ = tasks.tool_problem(__import__("random").Random(0))
-    return {"raw_prompt": [{"role": "user", "content": question}], "session_id": 1, "tools_kwargs": {}, **fields}
+    launched = {ROLLOUT_STEP: step} if step is not None else {}
+    return {"raw_prompt": [{"role": "user", "content": question}], "session_id": 1, "tools_kwargs": {}, **launched,
+            **fields}
 
 
 def run_loop(cfg, tokenizer, server, tools, params, **kwargs):
@@ -159,6 +165,7 @@ def test_a_tool_reply_that_uses_up_the_budget_ends_the_trajectory_without_anothe
     out = run_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG), {"temperature": 1.0}, **row(**{CAP: n_call + 3}))
     assert len(server.calls) == 1
     assert len(out.response_ids) <= n_call + 3
+    assert out.extra_fields[TOOL_CALLS] == 0  # the call ran but its reply never joined the trajectory
 
 
 def test_an_aborted_turn_is_kept_but_never_parsed_and_runs_no_tool(tokenizer_dir, tokenizer, tmp_path):
@@ -195,24 +202,28 @@ def test_verls_tool_agent_loop_runs_the_tool_of_an_aborted_turn(tokenizer_dir, t
 
 @pytest.fixture()
 def slow_tool_config(tmp_path):
-    from recipe.tools.sandbox import sandbox_self_check
-
-    err = sandbox_self_check("bubblewrap")
-    if err is not None:
-        pytest.skip(f"bubblewrap sandbox unavailable here: {err}")
+    from recipe.testing.sandbox_check import require_sandbox
     from recipe.testing.slow_tool import slow_tool_config
+
+    require_sandbox("bubblewrap")
 
     path = slow_tool_config(tmp_path, latency_s=60.0)
     return path, tmp_path / "tool_events.jsonl"
 
 
-async def local_gate_watch(monkeypatch, closed: bool = False) -> tuple[GateState, GateWatch]:
-    """A gate and a watch on it, handed to the loop in place of the Ray actor's (stop the watch after the run);
-    ``state.set(True)`` closes it as the driver's abort does."""
+async def no_actor():
+    return None
+
+
+async def local_gate_watch(monkeypatch, closed_for: int | None = None) -> tuple[GateState, GateWatch]:
+    """A gate (closed for step ``closed_for``, None: open) and a watch on it, handed to the loop in place of the Ray
+    actor's (stop the watch after the run); ``state.close(STEP)`` closes it as the driver's abort does."""
     state = GateState()
-    state.set(closed)
-    watch = GateWatch(state)
-    await asyncio.sleep(0)  # the watch's first poll sees the gate as it is
+    if closed_for is not None:
+        state.close(closed_for)
+    watch = GateWatch(state, no_actor)
+    if closed_for is not None:
+        await watch.wait_cut(closed_for)  # the watch's first poll has seen the gate as it is
 
     async def local_watch():
         return watch
@@ -250,7 +261,7 @@ def test_closing_the_gate_cancels_a_running_tool_and_kills_its_process(
         while bwrap_processes() == 0:  # the sandbox is up
             await asyncio.sleep(0.05)
         t0 = time.monotonic()
-        state.set(True)
+        state.close(STEP)
         out = await asyncio.wait_for(task, timeout=10)
         watch.stop()
         return out, time.monotonic() - t0
@@ -263,18 +274,169 @@ def test_closing_the_gate_cancels_a_running_tool_and_kills_its_process(
     assert no_bwrap_within(5)
 
 
-def test_a_closed_gate_starts_no_new_turn_and_no_tool(tokenizer_dir, tokenizer, tmp_path, monkeypatch):
+def test_a_gate_closed_for_the_rows_step_starts_no_new_turn_and_no_tool(tokenizer_dir, tokenizer, tmp_path,
+                                                                          monkeypatch):
     cfg = compose(tokenizer_dir, tmp_path)
 
     async def scenario():
-        _, watch = await local_gate_watch(monkeypatch, closed=True)
+        _, watch = await local_gate_watch(monkeypatch, closed_for=STEP)
         server = ScriptedServer(tokenizer, [(CALL, "completed"), (ANSWER, "completed")])
         out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run({"temperature": 1.0}, **row())
         watch.stop()
         return server, out
 
     server, out = asyncio.run(scenario())
-    assert server.calls == [] and out.response_ids == []
+    assert server.calls == [] and out.response_ids == [] and out.extra_fields[TOOL_CALLS] == 0
+
+
+@pytest.mark.parametrize("step", [STEP + 1, None], ids=["next step", "validation"])
+def test_a_gate_closed_for_another_step_cuts_nothing(tokenizer_dir, tokenizer, tmp_path, monkeypatch, step):
+    """A worker's view still closed for step STEP (the open has not reached it) neither stops the next step's
+    trajectory nor a validation row's (no step): both run whole, tool call included."""
+    cfg = compose(tokenizer_dir, tmp_path)
+
+    async def scenario():
+        _, watch = await local_gate_watch(monkeypatch, closed_for=STEP)
+        server = ScriptedServer(tokenizer, [(CALL, "completed"), (ANSWER, "completed")])
+        out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run({"temperature": 1.0},
+                                                                                  **row(step=step))
+        watch.stop()
+        return server, out
+
+    server, out = asyncio.run(scenario())
+    assert len(server.calls) == 2 and out.extra_fields[TOOL_CALLS] == 1
+    assert "<tool_response>\n87\n</tool_response>" in tokenizer.decode(out.response_ids)
+
+
+class HeldSource:
+    """The gate actor as a worker's long poll meets it, stepped by hand: each reply is the gate as it was when the
+    actor answered, and it reaches the watch only when the test calls ``release()`` (a reply in flight)."""
+
+    def __init__(self, state):
+        self.state, self.polls, self.answers = state, 0, 0
+        self._release, self._cv = asyncio.Semaphore(0), asyncio.Condition()
+
+    async def wait_change(self, version):
+        await self._count("polls")
+        reply = await self.state.wait_change(version)
+        await self._count("answers")
+        await self._release.acquire()
+        return reply
+
+    async def _count(self, name):
+        async with self._cv:
+            setattr(self, name, getattr(self, name) + 1)
+            self._cv.notify_all()
+
+    def release(self):
+        self._release.release()
+
+    async def polled(self, n):
+        """Until the watch's n-th poll has started: it has applied every reply before it."""
+        async with self._cv:
+            await self._cv.wait_for(lambda: self.polls >= n)
+
+    async def answered(self, n):
+        """Until the actor has answered n polls (the n-th reply may still be held)."""
+        async with self._cv:
+            await self._cv.wait_for(lambda: self.answers >= n)
+
+
+def held_gate(monkeypatch, state):
+    """A watch on ``state`` through a ``HeldSource``, handed to the loop in place of the Ray actor's."""
+    source = HeldSource(state)
+    watch = GateWatch(source, no_actor)
+
+    async def local_watch():
+        return watch
+
+    monkeypatch.setattr("recipe.adapter.tool_agent_loop.gate_watch", local_watch)
+    return source, watch
+
+
+async def run_one(cfg, tokenizer, **fields):
+    server = ScriptedServer(tokenizer, [(CALL, "completed"), (ANSWER, "completed")])
+    out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run({"temperature": 1.0}, **row(**fields))
+    return server, out
+
+
+def assert_ran_whole(server, out, tokenizer):
+    assert len(server.calls) == 2 and out.extra_fields[TOOL_CALLS] == 1 and RESUME_AT not in out.extra_fields
+    assert tokenizer.decode(out.response_ids).rstrip().endswith(f"{ANSWER}{tasks.IM_END}")
+
+
+def test_a_trajectory_starting_between_open_and_its_workers_poll_runs_whole(tokenizer_dir, tokenizer, tmp_path,
+                                                                            monkeypatch):
+    """The driver's ``open()`` has returned (the actor is open) but the reply to this worker's poll is still in
+    flight: its view is closed for STEP. The next step's trajectory and validation's start now and run whole (on the
+    gate without step identity both ended with zero tokens)."""
+    cfg = compose(tokenizer_dir, tmp_path)
+
+    async def scenario():
+        state = GateState()
+        state.close(STEP)
+        source, watch = held_gate(monkeypatch, state)
+        source.release()
+        await source.polled(2)
+        assert watch.cuts(STEP)
+        state.open()  # DriverGate.open() returned; the reply telling the worker is held
+        await source.answered(2)
+        runs = [await run_one(cfg, tokenizer, step=STEP + 1), await run_one(cfg, tokenizer, step=None)]
+        assert watch.cuts(STEP)  # the view was stale all along
+        source.release()
+        await source.polled(3)
+        assert watch.step is None
+        watch.stop()
+        return runs
+
+    for server, out in asyncio.run(asyncio.wait_for(scenario(), 120)):
+        assert_ran_whole(server, out, tokenizer)
+
+
+def test_a_close_heard_after_the_open_cuts_nothing_of_the_next_step(tokenizer_dir, tokenizer, tmp_path, monkeypatch):
+    """Close-then-open before the worker's poll returns: the actor answered the pending poll with "closed for STEP",
+    the driver opened, and only then does the reply reach the worker. The next step's trajectory starting now runs
+    whole, and the watch's next poll shows the gate open (on the gate without step identity it ended empty)."""
+    cfg = compose(tokenizer_dir, tmp_path)
+
+    async def scenario():
+        state = GateState()
+        source, watch = held_gate(monkeypatch, state)
+        source.release()
+        await source.polled(2)
+        assert watch.step is None
+        state.close(STEP)
+        await source.answered(2)  # the reply "closed for STEP" is in flight
+        state.open()
+        source.release()
+        await source.polled(3)  # the worker hears the close now, after the open
+        assert watch.cuts(STEP)
+        server, out = await run_one(cfg, tokenizer, step=STEP + 1)
+        source.release()
+        await source.polled(4)
+        reopened = watch.step is None
+        watch.stop()
+        return server, out, reopened
+
+    server, out, reopened = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert_ran_whole(server, out, tokenizer)
+    assert reopened
+
+
+def test_two_successive_tool_turns_each_get_their_own_reply(tokenizer_dir, tokenizer, tmp_path):
+    """Replies are remembered by the call's index within its turn (for a cut parallel stage): the second turn's call
+    has index 0 too and must run, not get the first turn's reply."""
+    cfg = compose(tokenizer_dir, tmp_path, response_length=128)
+    second = tasks.tool_call_text("2+2")
+    server = ScriptedServer(tokenizer, [(CALL, "completed"), (second, "completed"), (ANSWER, "completed")])
+    runs = []
+    out = run_loop(cfg, tokenizer, server, counted(load_tools(CALC_CONFIG), runs), {"temperature": 1.0}, **row())
+    text = tokenizer.decode(out.response_ids)
+    assert [parameters["expression"] for parameters, _ in runs] == ["12*7+3", "2+2"]
+    first_reply, second_reply = text.find("<tool_response>\n87\n</tool_response>"), text.find(
+        "<tool_response>\n4\n</tool_response>")
+    assert 0 <= first_reply < second_reply
+    assert len(server.calls) == 3 and out.extra_fields[TOOL_CALLS] == 2
 
 
 # ---------------------------------------------------------------- resuming a cut trajectory (over-sample continue)
@@ -359,7 +521,7 @@ def cut_in_tool_stage(monkeypatch, cfg, tokenizer, turn, execute, cap=BUDGET):
         tools = load_tools(CALC_CONFIG)
 
         async def stand_in(instance_id, parameters, _calculate=tools[0].execute, **kwargs):
-            return await execute(lambda: state.set(True), _calculate, instance_id, parameters, **kwargs)
+            return await execute(lambda: state.close(STEP), _calculate, instance_id, parameters, **kwargs)
 
         tools[0].execute = stand_in
         server = ScriptedServer(tokenizer, [(turn, "completed")], logprob=-0.25, version=3)
@@ -439,6 +601,7 @@ def test_a_cancelled_tool_call_is_issued_again_once_on_resume(tokenizer_dir, tok
 
     first = cut_in_tool_stage(monkeypatch, cfg, tokenizer, call, hangs)
     assert len(started) == 1 and first.response_ids == call and first.response_mask == [1] * len(call)
+    assert first.extra_fields[TOOL_CALLS] == 0  # cancelled: no reply joined
     at = first.extra_fields[RESUME_AT]
     assert (at["stage"], at["tokens"], at["assistant_turns"]) == (TOOLS, len(call), 1)
     stored(monkeypatch, first)
@@ -481,6 +644,7 @@ def test_parallel_calls_answered_before_the_cut_are_not_run_again(tokenizer_dir,
     at = first.extra_fields[RESUME_AT]
     assert (at["stage"], len(at["pending_calls"])) == (TOOLS, 2)
     assert at["answered_calls"] == [{"index": 0, "text": "87", "reward": 0.0}]
+    assert first.extra_fields[TOOL_CALLS] == 0  # one call answered, but the stage's replies never joined
     stored(monkeypatch, first)
 
     runs = []
@@ -521,7 +685,7 @@ def test_a_trajectory_cut_before_its_first_turn_starts_afresh(tokenizer_dir, tok
     cfg = compose(tokenizer_dir, tmp_path, extra=CONTINUE)
 
     async def closed_gate():
-        _, watch = await local_gate_watch(monkeypatch, closed=True)
+        _, watch = await local_gate_watch(monkeypatch, closed_for=STEP)
         server = ScriptedServer(tokenizer, [])
         out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run(
             {"temperature": 1.0, "logprobs": True}, **row(**{CAP: BUDGET, SEED: ROW_SEED}))
