@@ -10,11 +10,12 @@ request_spec_decode_stats`` into ``extra_fields`` only under ``rollout.mtp.enabl
 with ``rollout.disable_log_stats=False`` (verl's default is True), which the preflight sets with speculation.
 
 The trainer (``recipe/adapter/trainer.py``) reads every replica's counters before a step's generation
-(``prepare_step``) and after it (``step``) and logs the difference: validation between steps is not counted there
-but around ``_validate``, as ``val-aux/spec_*`` (verl validates greedily by default, where drafts are accepted far more
-often than at the rollout's temperature). Per
-response there is nothing to read in vLLM 0.28, so the length traces get the step's totals (``spec``), not a value
-per response.
+(``prepare_step``) and after it (``step``) and logs the difference, replica by replica: a replica that restarted in
+between (its counters began again) or exposes only some of the counters leaves the step without these metrics, with
+a warning naming it, rather than a sum that passes for the step's. Validation between steps is not counted there but
+around ``_validate``, as ``val-aux/spec_*`` (verl validates greedily by default, where drafts are accepted far more
+often than at the rollout's temperature). Per response there is nothing to read in vLLM 0.28, so the length traces
+get the step's totals (``spec``), not a value per response.
 
 Stdlib only (urllib); the parsing is unit-tested without a server (tests/adapter/test_spec_metrics.py).
 """
@@ -53,10 +54,11 @@ def parse_counters(text: str) -> dict[str, float]:
     return out
 
 
-def scrape(addresses: Iterable[str], timeout_s: float = TIMEOUT_S) -> dict[str, float] | None:
-    """The counters summed over the replicas at ``addresses`` (``host:port``, IPv6 in brackets); None when a
-    replica cannot be read or exposes no speculative counters (logged, once per call)."""
-    total: dict[str, float] = {k: 0.0 for k in COUNTERS}
+def scrape(addresses: Iterable[str], timeout_s: float = TIMEOUT_S) -> dict[str, dict[str, float]] | None:
+    """Each replica's counters, by its address in ``addresses`` (``host:port``, IPv6 in brackets); None when a
+    replica cannot be read or lacks any of the three counters (logged, once per call): a sum over part of the
+    replicas or part of the counters would pass for the step's acceptance."""
+    readings: dict[str, dict[str, float]] = {}
     for address in addresses:
         try:
             with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout_s) as r:  # noqa: S310
@@ -64,25 +66,43 @@ def scrape(addresses: Iterable[str], timeout_s: float = TIMEOUT_S) -> dict[str, 
         except Exception as e:  # noqa: BLE001 - a metric, never a reason to stop training
             logger.warning("speculative decoding metrics: cannot read http://%s/metrics: %s", address, e)
             return None
-        if set(counters) != set(COUNTERS):
-            logger.warning("speculative decoding metrics: http://%s/metrics has no vllm:spec_decode_* counters "
-                           "(rollout.disable_log_stats must be False)", address)
+        missing = [f"{COUNTERS[k]}_total" for k in COUNTERS if k not in counters]
+        if missing:
+            logger.warning("speculative decoding metrics: http://%s/metrics has no %s (rollout.disable_log_stats "
+                           "must be False)", address, ", ".join(missing))
             return None
-        for k, v in counters.items():
-            total[k] += v
+        readings[address] = counters
+    return readings
+
+
+def growth(before: Mapping[str, Mapping[str, float]],
+           after: Mapping[str, Mapping[str, float]]) -> dict[str, float] | None:
+    """How much each counter grew from ``before`` to ``after`` (:func:`scrape` readings), summed over the replicas; a
+    replica first read in ``after`` counts from 0 (it started in between). None (logged) when a replica's counter
+    went down or the replica is gone: it restarted, its counts began again, and what it did in between is unknown
+    (a difference would undercount, or come out negative)."""
+    total = dict.fromkeys(COUNTERS, 0.0)
+    for address in sorted(before.keys() | after.keys()):
+        b, a = before.get(address, dict.fromkeys(COUNTERS, 0.0)), after.get(address)
+        if a is None or any(a[k] < b[k] for k in COUNTERS):
+            logger.warning("speculative decoding metrics: the counters of http://%s/metrics went down or vanished "
+                           "between two readings (the replica restarted?); no rollout/spec_* for this step", address)
+            return None
+        for k in COUNTERS:
+            total[k] += a[k] - b[k]
     return total
 
 
-def step_metrics(before: Mapping[str, float] | None, after: Mapping[str, float] | None) -> dict[str, float]:
-    """The step's acceptance from two readings of the counters (empty when either is missing):
-    ``rollout/spec_drafts`` (verification steps of requests that had a draft), ``..._draft_tokens``,
-    ``..._accepted_tokens``, ``rollout/spec_draft_acceptance_rate`` (accepted / drafted tokens) and
-    ``rollout/spec_acceptance_length`` (tokens emitted per drafted verification step, 1 + accepted / drafts: what
-    verl's MTP ``rollout/spec_accept_length`` measures, over the step's drafts rather than per request)."""
-    if before is None or after is None:
-        return {}
-    d = {k: float(after[k] - before[k]) for k in COUNTERS}
-    if any(v < 0 for v in d.values()):  # a replica restarted: its counters began again
+def step_metrics(before: Mapping[str, Mapping[str, float]] | None,
+                 after: Mapping[str, Mapping[str, float]] | None) -> dict[str, float]:
+    """The step's acceptance from two :func:`scrape` readings (empty when either is missing or the counters did not
+    only grow, see :func:`growth`): ``rollout/spec_drafts`` (verification steps of requests that had a draft),
+    ``..._draft_tokens``, ``..._accepted_tokens``, ``rollout/spec_draft_acceptance_rate`` (accepted / drafted
+    tokens) and ``rollout/spec_acceptance_length`` (tokens emitted per drafted verification step, 1 + accepted /
+    drafts: what verl's MTP ``rollout/spec_accept_length`` measures, over the step's drafts rather than per
+    request)."""
+    d = None if before is None or after is None else growth(before, after)
+    if d is None:
         return {}
     m = {PREFIX + k: v for k, v in d.items()}
     m[PREFIX + "draft_acceptance_rate"] = d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else 0.0
@@ -105,7 +125,7 @@ class SpecAcceptanceMeter:
 
     def __init__(self, addresses):
         self.addresses = addresses
-        self._before: dict[str, float] | None = None
+        self._before: dict[str, dict[str, float]] | None = None
 
     def begin(self) -> None:
         self._before = scrape(self.addresses())

@@ -28,14 +28,12 @@ def best_cut_time(finish, natural, lam: float) -> float:
         raise ValueError(f"need one natural flag per finish time, got {f.shape} and {nat.shape}")
     if not lam >= 0:
         raise ValueError(f"lam (seconds per extra truncated response) must be >= 0, got {lam}")
-    order = np.argsort(f, kind="stable")
+    order = np.argsort(f)
     t, n = f[order], nat[order]
-    still = np.concatenate([np.cumsum(n[::-1])[::-1][1:], [0]])  # natural ones finishing after the k-th finish
-    value = (t[-1] - t) - lam * still
-    # ties: responses finishing at the same time as the k-th are done too, so only the last of a tied run is a cut
-    last_of_tie = np.concatenate([t[1:] != t[:-1], [True]])
-    value = np.where(last_of_tie, value, -np.inf)
-    return float(t[int(np.argmax(value))])
+    still = np.concatenate([np.cumsum(n[::-1])[::-1][1:], [0]])  # natural ones after the k-th in this order
+    # ties: a cut at t stops none of the responses finishing at t, yet ``still`` counts the tied ones after the k-th
+    # as running; it is least at the last of a tied run, so that one scores highest and any of them gives the same t
+    return float(t[int(np.argmax((t[-1] - t) - lam * still))])
 
 
 def ends_with_eos(policy, plan, launch) -> np.ndarray:

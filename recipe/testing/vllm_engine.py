@@ -31,17 +31,31 @@ T = TypeVar("T")
 
 
 class _SchedulerCounts(StatLoggerBase):
-    """Keeps the engine core's last reported running/waiting counts (the frontend cannot see the scheduler) and
-    counts its scheduler steps (one report per step)."""
+    """Keeps the engine core's last reported running/waiting counts (the frontend cannot see the scheduler), counts
+    its scheduler steps (one report per step), sums its speculative-decoding counters and keeps each executed step's
+    (requests scheduled, drafts verified) where the engine reports step details
+    (``enable_logging_iteration_details``)."""
 
     def __init__(self, vllm_config, engine_index: int = 0):
         self.running = self.waiting = self.steps = 0
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.batches: list[tuple[int, int]] = []
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-        if scheduler_stats is not None:
-            self.steps += 1
-            self.running = scheduler_stats.num_running_reqs
-            self.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+        if scheduler_stats is None:
+            return
+        self.steps += 1
+        self.running = scheduler_stats.num_running_reqs
+        self.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+        spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+        if spec is not None:
+            self.drafts += spec.num_drafts
+            self.draft_tokens += spec.num_draft_tokens
+            self.accepted += spec.num_accepted_tokens
+        details = getattr(scheduler_stats, "iteration_details", None)
+        if details is not None and not details.is_dummy:
+            self.batches.append((details.num_ctx_requests + details.num_generation_requests,
+                                 spec.num_drafts if spec is not None else 0))
 
     def log_engine_initialized(self):
         pass

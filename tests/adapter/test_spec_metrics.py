@@ -1,6 +1,7 @@
 """The recipe's speculative acceptance metrics from vLLM's Prometheus counters (recipe/adapter/spec_metrics.py): the
 parsing of vLLM's exposition, the step difference, a live read through HTTP, and the trace's ``spec`` field."""
 import http.server
+import logging
 import threading
 
 import pytest
@@ -30,16 +31,38 @@ def test_parse_sums_engines_and_ignores_other_series():
 
 
 def test_step_metrics_are_the_difference():
-    before = {"drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 10.0}
-    after = {"drafts": 30.0, "draft_tokens": 120.0, "accepted_tokens": 30.0}
+    before = {"a:1": {"drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 10.0}}
+    after = {"a:1": {"drafts": 30.0, "draft_tokens": 120.0, "accepted_tokens": 30.0}}
     m = sm.step_metrics(before, after)
     assert m == {"rollout/spec_drafts": 20.0, "rollout/spec_draft_tokens": 80.0, "rollout/spec_accepted_tokens": 20.0,
                  "rollout/spec_draft_acceptance_rate": 0.25, "rollout/spec_acceptance_length": 2.0}
-    assert sm.step_metrics(None, after) == {} and sm.step_metrics(after, before) == {}  # a replica restarted
+    assert sm.step_metrics(None, after) == {} and sm.step_metrics(after, None) == {}
     idle = sm.step_metrics(after, after)
     assert idle["rollout/spec_draft_acceptance_rate"] == 0.0 and idle["rollout/spec_acceptance_length"] == 1.0
     assert sm.trace_fields(m) == {"drafts": 20, "draft_tokens": 80, "accepted_tokens": 20, "acceptance_length": 2.0}
     assert sm.trace_fields({}) is None
+
+
+COUNTS = {"drafts": 100.0, "draft_tokens": 400.0, "accepted_tokens": 100.0}
+
+
+def test_a_replica_whose_counters_went_down_leaves_the_step_without_metrics(caplog):
+    """A replica that restarted between the readings began counting again: what it did in between is unknown, so
+    the step gets no acceptance metrics (and a warning naming it), even where the sum over the replicas still grew
+    (replica b's growth hides a's reset in the totals) or only one counter went down."""
+    before = {"a:1": COUNTS, "b:2": COUNTS}
+    restarted = {"a:1": {"drafts": 2.0, "draft_tokens": 8.0, "accepted_tokens": 1.0},
+                 "b:2": {"drafts": 300.0, "draft_tokens": 1200.0, "accepted_tokens": 300.0}}
+    with caplog.at_level(logging.WARNING, logger=sm.__name__):
+        assert sm.step_metrics(before, restarted) == {}
+    assert "http://a:1/metrics went down" in caplog.text and "b:2" not in caplog.text
+    one_down = {"a:1": dict(COUNTS, drafts=150.0, draft_tokens=600.0, accepted_tokens=99.0), "b:2": COUNTS}
+    assert sm.step_metrics(before, one_down) == {}
+    assert sm.step_metrics(before, {"b:2": COUNTS}) == {}  # a replica gone: its counts since before are unknown
+    # a replica first read after the step's start started in between: all its counts are the step's
+    grown = sm.step_metrics({"a:1": COUNTS}, {"a:1": COUNTS, "b:2": {"drafts": 4.0, "draft_tokens": 16.0,
+                                                                       "accepted_tokens": 8.0}})
+    assert grown["rollout/spec_drafts"] == 4.0 and grown["rollout/spec_acceptance_length"] == 3.0
 
 
 @pytest.fixture
@@ -83,6 +106,22 @@ def test_meter_reads_every_replica_around_a_step(replicas):
     meter.begin()
     assert meter.end() == {}
     assert sm.scrape(["127.0.0.1:1"], timeout_s=1) is None  # nothing listening
+
+
+def test_a_replica_exposing_part_of_the_counters_is_not_read(replicas, caplog):
+    """Drafts without accepted tokens (or any other part of the three) would make a step's acceptance up from one
+    replica's counters and not the other's: the reading fails, with a warning naming what is missing."""
+    addresses, bodies = replicas
+    assert set(sm.scrape(addresses)) == set(addresses)
+    bodies[1] = "".join(line + "\n" for line in EXPOSITION.splitlines() if "accepted_tokens_total" not in line)
+    with caplog.at_level(logging.WARNING, logger=sm.__name__):
+        assert sm.scrape(addresses) is None
+    assert f"http://{addresses[1]}/metrics has no vllm:spec_decode_num_accepted_tokens_total " in caplog.text
+    assert "num_drafts" not in caplog.text
+    meter = sm.SpecAcceptanceMeter(lambda: addresses)
+    meter.begin()
+    bodies[1] = EXPOSITION
+    assert meter.end() == {}
 
 
 def test_trace_record_keeps_the_step_totals(tmp_path):

@@ -164,3 +164,29 @@ def test_warm_start_cap_replays_with_the_runs_own_decay_and_statistic():
     want = np.array([500 / 300, 500 / 300, 200 / 1000, 600 / 1000, 400 / 320, 400 / 320, 800 / 960, 800 / 960])
     (epoch, got), = cap.state_dict()["ratios"]
     assert epoch == WARM_EPOCH and np.allclose(got, want)
+
+
+def test_a_cap_exactly_at_response_length_is_no_cap():
+    """Where the ratio lands the cap exactly on ``response_length`` (ratio = response_length / estimate) the cap
+    changes nothing: None; one token below it, it is a cap."""
+    assert SeedCap(8000, factor=2.0, min_tokens=1).cap_for_batch([4000.0]) is None  # 2 x 4000 = 8000
+    assert SeedCap(8001, factor=2.0, min_tokens=1).cap_for_batch([4000.0]) == 8000
+    for response_length, want in ((6144, None), (6145, 6144)):
+        cal = CalibratedCap(response_length, quantile=1.0, align=512, min_tokens=1)
+        cal.observe(0, predicted=[1000.0], observed_tail=[1500.0], censored=[False])
+        assert cal.cap_for_batch([4096.0]) == want  # 4096 x 1.5 = 6144, a multiple of align
+
+
+def test_budget_cap_counts_a_ratio_exactly_at_the_limit_as_truncated_anyway():
+    """A response whose modelled length is exactly ``response_length`` (ratio = response_length / estimate) hits the
+    limit, as a censored length does (``StepResponses.censored``: length >= response_length): truncated in the
+    baseline too, so no cap below it adds truncation; a token shorter, it ends with EOS and only a cap above it
+    spares it."""
+    from recipe.core.cap import BudgetCap
+
+    cap = BudgetCap(16000, budget=0.0, align=1000, min_tokens=1000)
+    cap.observe_step(0, _responses(np.arange(10), np.full(10, 2000.0), np.full(10, 1000.0)))  # every ratio is 2
+    assert cap.extra_truncation([8000.0], [1000.0, 15000.0]).tolist() == [0.0, 0.0]
+    assert cap.cap_for_batch([8000.0]) == 1000
+    assert cap.extra_truncation([7999.5], [1000.0, 15000.0]).tolist() == [1.0, 1.0]  # 15999 tokens: natural
+    assert cap.cap_for_batch([7999.5]) is None

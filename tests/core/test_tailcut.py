@@ -17,6 +17,19 @@ def test_finished_needed_leaves_the_allowed_share_running():
     assert TailCut(0.5).finished_needed(3) == 2
 
 
+@pytest.mark.parametrize("fraction, launched, level, need", [
+    (0.9, 10, 1.0, 9), (0.75, 4, 1.0, 3), (0.985, 200, 1.0, 197),  # fraction * launched is an integer
+    (0.3, 10, 1.0, 3), (0.15, 20, 1.0, 3), (0.05, 20, 1.0, 1),  # ... that floats compute just above it
+    (0.8, 10, 2.0, 6), (0.9, 15, 4.0, 9)])  # with level_exponent 1: (1 - 2 * 0.2) * 10, (1 - 4 * 0.1) * 15
+def test_finished_needed_is_exact_where_the_share_is_a_whole_number(fraction, launched, level, need):
+    """At a fraction of launched that is a whole number of responses, exactly that many must finish: not one more
+    (float error: 10 * (1 - 0.7) is 3.0000000000000004), not one fewer; one fewer finished does not cut."""
+    cut = TailCut(fraction, level_exponent=1.0)
+    assert cut.finished_needed(launched, level) == need
+    assert not cut.should_cut(need - 1, launched, level) and cut.should_cut(need, launched, level)
+    assert cut.cut_time(np.arange(1.0, launched + 1), level) == need
+
+
 def test_should_cut_once_enough_are_done_and_some_still_run():
     cut = TailCut(0.985)
     assert not cut.should_cut(504, 512)

@@ -42,6 +42,18 @@ def test_best_cut_time_is_the_best_trade_off(lam):
     assert best_cut_time([5.0, 1.0, 9.0], [True, True, False], 1e6) == 5.0  # a limit-bound straggler is free
 
 
+def test_a_cut_at_tied_finishes_stops_none_of_them():
+    """Responses finishing at the same time as the cut are done, not cut: at lam 2 a cut at 4 (after the three tied
+    finishes at 4) saves 6 s for the one natural response at 10, worth 4; were the tied ones counted as still
+    running, the cut at 4 would be worth 6 - 2 * 3 = 0, less than a cut at 1 (9 - 2 * 4 = 1)."""
+    finish, natural = np.array([4.0, 1.0, 10.0, 4.0, 4.0]), np.ones(5, bool)
+    assert best_cut_time(finish, natural, 2.0) == 4.0 == -_brute(finish, natural, 2.0)[1]
+    assert best_cut_time([4.0, 1.0, 4.0], [True, True, True], 2.0) == 4.0  # a tie at the end: no cut, nothing stopped
+    # a tie after the cut: both are running, and only a natural one is charged
+    assert best_cut_time([1.0, 2.0, 9.0, 9.0], [True, True, True, False], 5.0) == 2.0  # 7 - 5 > 0
+    assert best_cut_time([1.0, 2.0, 9.0, 9.0], [True, True, True, True], 5.0) == 9.0  # 7 - 2 * 5 < 0
+
+
 def test_best_cut_time_rejects_bad_input():
     with pytest.raises(ValueError, match="one natural flag per finish time"):
         best_cut_time([1.0, 2.0], [True], 1.0)

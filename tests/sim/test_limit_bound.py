@@ -1,6 +1,7 @@
 """The posterior of recipe/sim/limit_bound.py, on groups drawn from exactly its model: calibrated in the mean, sharper
 than the prior alone but not than knowing each group's true level (which of a group's stragglers end with EOS stays
-chance), and exact at the edges (nothing running; a group whose responses all hit the limit)."""
+chance), exact at the edges (nothing running; a group whose responses all hit the limit), and equal to the Bayes
+posterior of its model computed directly, on a step with limit hits already done and a row without an estimate."""
 import math
 
 import numpy as np
@@ -89,3 +90,57 @@ def test_edges():
     assert math.isfinite(nan) and 0 <= nan <= int((length > 9000).sum())
     with pytest.raises(ValueError, match="one estimate per group"):
         expected_natural(length, length, est[:3], 9000.0, response_length=RL, within_sigma=SIGMA, prior_sd=PRIOR_SD)
+
+
+def _sf(x: float) -> float:
+    return 0.5 * math.erfc(x / math.sqrt(2))
+
+
+def _bayes(finish, length, predicted, t):
+    """The posterior expectation by its definition, group by group on a fine grid of the level (math.erfc, loops):
+    a normal prior around the estimate's log-mean (flat over log g +- 12 sigma without one); each natural finish's
+    lognormal density, each done limit hit's P(length >= limit), each running response's P(length > g)."""
+    done = finish <= t
+    natural = done & (length < RL)
+    g = length[natural].max() if natural.any() else 1.0
+    total = 0.0
+    for d, nat, x, est in zip(done, natural, length, predicted):
+        running, hits = int((~d).sum()), int((d & ~nat).sum())
+        if math.isfinite(est):
+            m = math.log(est) - SIGMA**2 / 2
+            levels = np.linspace(m - 8 * PRIOR_SD, m + 8 * PRIOR_SD, 4001)
+            log_w = -0.5 * ((levels - m) / PRIOR_SD) ** 2
+        else:
+            levels = np.linspace(math.log(g) - 12 * SIGMA, math.log(g) + 12 * SIGMA, 4001)
+            log_w = np.zeros_like(levels)
+        p_natural = np.empty_like(levels)
+        for i, level in enumerate(levels):
+            beyond_g, beyond_limit = _sf((math.log(g) - level) / SIGMA), _sf((math.log(RL) - level) / SIGMA)
+            log_w[i] += sum(-0.5 * ((math.log(v) - level) / SIGMA) ** 2 for v in x[nat])
+            log_w[i] += running * math.log(beyond_g) + hits * math.log(beyond_limit)
+            p_natural[i] = 1 - beyond_limit / beyond_g
+        w = np.exp(log_w - log_w.max())
+        total += running * float((w * p_natural).sum() / w.sum())
+    return total
+
+
+def test_equals_the_bayes_posterior_with_limit_hits_and_a_row_without_an_estimate():
+    """At t = 8000: group 0 (estimate 9000) has two limit hits done early and three responses running; group 1 has
+    no estimate (a flat prior), three natural finishes, one hit done and four running; group 2 runs short. The
+    hits raise their group's level (fewer of its stragglers end with EOS), and the row without an estimate is
+    judged by its own finishes alone."""
+    length = np.array([[3000, 5000, 7000, RL, RL, 12000, 14000, 15000],
+                       [4000, 6000, 7800, 9000, 11000, RL, RL, RL],
+                       [2000, 2500, 3000, 3500, 8500, 9000, 10000, 13000]], np.float64)
+    finish = length.copy()
+    finish[0, 3:5], finish[1, 5] = [6000.0, 7500.0], 2000.0  # limit hits that finished first (other speeds)
+    est, t = np.array([9000.0, np.nan, 4000.0]), 8000.0
+    kw = dict(response_length=RL, within_sigma=SIGMA, prior_sd=PRIOR_SD)
+    got = expected_natural(finish, length, est, t, **kw)
+    assert got == pytest.approx(_bayes(finish, length, est, t), rel=1e-6)
+    for i in range(3):  # each group alone (its own g), so that no group's error hides in the sum
+        assert expected_natural(finish[i:i + 1], length[i:i + 1], est[i:i + 1], t, **kw) == pytest.approx(
+            _bayes(finish[i:i + 1], length[i:i + 1], est[i:i + 1], t), rel=1e-6)
+    keep = [0, 1, 2, 5, 6, 7]  # group 0 without its two hits: its three stragglers look likelier to end with EOS
+    assert expected_natural(finish[:1, keep], length[:1, keep], est[:1], t, **kw) > expected_natural(
+        finish[:1], length[:1], est[:1], t, **kw) + 0.1

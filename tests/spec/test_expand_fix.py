@@ -105,6 +105,28 @@ def test_a_correct_kernel_is_left_alone(monkeypatch):
     assert vllm_plugin.fix_spec_expand_kernel() is None and cpu_tl.expand_kernel is correct
 
 
+def test_a_kernel_that_writes_truncated_values_is_defective(kernels):
+    """The other half of vLLM #55005 (the shim reads the input as integers): a kernel that writes the output, at the
+    right positions, but the values truncated to integers, is reported with what it wrote; so is one that raises."""
+    import vllm.utils.cpu_triton_utils as cpu_tl
+
+    from recipe.cpu import vllm_plugin
+
+    def truncating(output, input_val, *args, **kwargs):
+        vllm_plugin.expand_tokens(output, input_val.to(torch.int64).to(input_val.dtype), *args, **kwargs)
+
+    truncated = cpu_tl._FuncWrapper(truncating)
+    assert expand(truncated, TOP_P).tolist() == [1, 1, 0, 0, 0, 0, 0, 0]  # it runs, at the right positions
+    assert vllm_plugin.expand_shim_defect(truncated) == ("it expands the temperatures [0.5, 0 -> 1, 0.25] over "
+                                                         "[2, 3, 1] tokens to [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]")
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("no kernel")
+
+    assert vllm_plugin.expand_shim_defect(cpu_tl._FuncWrapper(raising)) == "it raises RuntimeError: no kernel"
+    assert vllm_plugin.expand_shim_defect(kernels["fixed"]) is None
+
+
 def test_plugin_applies_the_fix_only_on_the_cpu_platform(monkeypatch):
     import vllm.platforms
     import vllm.utils.cpu_triton_utils as cpu_tl

@@ -2,8 +2,12 @@
 not change what is sampled, and the logprobs it returns are the target model's.
 
 One engine, with the recipe's batch-size schedule (``ROLLOUT_SPECULATIVE_MAX_BATCH=16``): waves of 16 concurrent
-requests speculate (K=4), waves of 64 do not (the schedule's K=0 above 16), so the same engine gives both arms and the
-scheduler's draft counters show which arm drafted.
+requests speculate (K=4), waves of 64 do not (the schedule's K=0 above 16), so the same engine gives both arms. What
+the schedule promises is per scheduler step: no drafts after a step that held more than 16 requests. vLLM reports
+each step's batch (``enable_logging_iteration_details``) and the drafts it verified, which the step before it
+proposed with the K chosen for its own batch; a wave of 64 that the scheduler admits in parts (its requests reach
+the engine core over a loaded machine's IPC at different times) legitimately drafts after a step of its first few
+requests, and the arms stay comparable (drafting or not, a correct sampler samples the same distribution).
 
 - Distribution: 512 responses of 16 tokens per arm at temperature 0.03 on a repetitive prompt (prompt lookup drafts
   from the first step, and the low temperature makes accepted drafts common). Statistic: the mean over positions 1-15
@@ -16,8 +20,12 @@ scheduler's draft counters show which arm drafted.
   the vocabulary (so nearly every step drafts); each returned logprob equals the teacher-forced ``prompt_logprobs`` of
   the same tokens (processed = raw at temperature 1 without top-p/k). Measured: max |diff| 4.8e-7 over 384 tokens with
   the fix, 7.7 without it (the processed logprobs divide by the same uninitialised temperatures).
-One engine start (~40-60 s) and both tests: ~65 s on 2 cores.
+One engine start (~40-60 s) and both tests: ~65 s on an idle 2-core machine, ~2 min on a shared one. Measured: the
+waves of 64 ran 144 steps and drafted in none; with the schedule drafting at every batch size
+(``batch_schedule(K, 64, 64)``) the check lists 118 steps that drafted after a step above 16.
 """
+import logging
+
 import numpy as np
 import pytest
 
@@ -30,40 +38,22 @@ PROMPT = [5, 6, 7, 8] * 16
 
 @pytest.fixture(scope="module")
 def spec_engine(tiny_artifacts):
-    from recipe.testing.vllm_engine import InProcessVLLM, _SchedulerCounts
-
-    class Counts(_SchedulerCounts):
-        """Also sums the scheduler's speculative-decoding counters."""
-
-        def __init__(self, vllm_config, engine_index=0):
-            super().__init__(vllm_config, engine_index)
-            self.drafts = self.draft_tokens = self.accepted = 0
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
-            super().record(scheduler_stats, iteration_stats, mm_cache_stats, engine_idx)
-            spec = getattr(scheduler_stats, "spec_decoding_stats", None)
-            if spec is not None:
-                self.drafts += spec.num_drafts
-                self.draft_tokens += spec.num_draft_tokens
-                self.accepted += spec.num_accepted_tokens
-
-    class Engine(InProcessVLLM):
-        async def _start(self, args):
-            from vllm.v1.engine.async_llm import AsyncLLM
-
-            def counts(vllm_config, engine_index=0):
-                self._counts = Counts(vllm_config, engine_index)
-                return self._counts
-
-            return AsyncLLM.from_engine_args(args, stat_loggers=[counts])
-
     from recipe.rollout_spec import batch_schedule
+    from recipe.testing.vllm_engine import InProcessVLLM
 
-    engine = Engine(tiny_artifacts.model_dir, max_model_len=1024, max_num_seqs=64, seed=0, disable_log_stats=False,
-                    logprobs_mode="processed_logprobs",  # verl's setting
-                    speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1,
-                                        "prompt_lookup_max": 3,
-                                        "num_speculative_tokens_per_batch_size": batch_schedule(K, MAX_BATCH, 64)})
+    stats_log = logging.getLogger("vllm.v1.metrics.loggers")  # vLLM adds its logging stat logger where INFO is on,
+    level = stats_log.level  # which would print every step's details
+    stats_log.setLevel(logging.WARNING)
+    try:
+        engine = InProcessVLLM(
+            tiny_artifacts.model_dir, max_model_len=1024, max_num_seqs=64, seed=0, disable_log_stats=False,
+            enable_logging_iteration_details=True,  # each step's batch: SchedulerStats.iteration_details
+            logprobs_mode="processed_logprobs",  # verl's setting
+            speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1,
+                                "prompt_lookup_max": 3,
+                                "num_speculative_tokens_per_batch_size": batch_schedule(K, MAX_BATCH, 64)})
+    finally:
+        stats_log.setLevel(level)
     yield engine
     engine.shutdown()
 
@@ -73,6 +63,20 @@ def waves(engine, size: int, prompt, n: int, length: int, temperature: float, **
     for _ in range(n // size):
         out += engine.run(engine.generate_forced([prompt] * size, [length] * size, temperature=temperature, **kw))
     return out
+
+
+def drafted_after_full_steps(batches: list[tuple[int, int]], max_batch: int) -> list[tuple[int, int]]:
+    """(batch, drafts) of the steps that verified drafts proposed after a step of more than ``max_batch`` requests:
+    a step's drafts are proposed with the K vLLM's scheduler chose for that step's batch (``Scheduler.schedule``
+    ``num_spec_tokens_to_schedule``) and verified in the next step."""
+    return [(prev, cur[1]) for (prev, _), cur in zip(batches, batches[1:]) if cur[1] and prev > max_batch]
+
+
+def test_drafted_after_full_steps_pairs_each_step_with_the_one_before():
+    steps = [(3, 0), (64, 2), (64, 0), (17, 0), (16, 0), (15, 1), (20, 0), (9, 0), (10, 4)]
+    assert drafted_after_full_steps(steps, 16) == []  # drafts after steps of 3, 16 and 9 requests: K=4
+    assert drafted_after_full_steps(steps + [(12, 3)], 16) == []
+    assert drafted_after_full_steps([(64, 0), (64, 1), (17, 2), (5, 1)], 16) == [(64, 1), (64, 2), (17, 1)]
 
 
 def mean_tv(a: np.ndarray, b: np.ndarray, vocab: int) -> float:
@@ -100,16 +104,22 @@ def permutation_p(a: np.ndarray, b: np.ndarray, vocab: int, rounds: int, seed: i
 def test_ngram_speculation_samples_the_same_distribution(spec_engine):
     vocab = 978  # the tiny tokenizer
     counts = spec_engine._counts
-    base = waves(spec_engine, 64, PROMPT, N, LENGTH, TEMPERATURE)  # first: the counters start at 0
-    assert counts.steps > 0 and counts.drafts == 0, "the schedule drafted above ROLLOUT_SPECULATIVE_MAX_BATCH"
+    first, start = len(counts.batches), counts.drafts
+    base = waves(spec_engine, 64, PROMPT, N, LENGTH, TEMPERATURE)
+    steps, base_drafts = counts.batches[first:], counts.drafts - start
+    assert any(batch > MAX_BATCH for batch, _ in steps), f"no step held more than {MAX_BATCH} requests: {steps}"
+    late = drafted_after_full_steps(steps, MAX_BATCH)
+    assert not late, f"drafts after steps above ROLLOUT_SPECULATIVE_MAX_BATCH (batch, drafts): {late}"
+    before = counts.drafts, counts.draft_tokens, counts.accepted
     spec = waves(spec_engine, MAX_BATCH, PROMPT, N, LENGTH, TEMPERATURE)
-    drafted, accepted, drafts = counts.draft_tokens, counts.accepted, counts.drafts
+    drafts, drafted, accepted = (x - y for x, y in zip((counts.drafts, counts.draft_tokens, counts.accepted), before))
     assert drafted > 0 and accepted > 0, (drafted, accepted)
     a = np.array([r.outputs[0].token_ids for r in spec])[:, 1:]
     b = np.array([r.outputs[0].token_ids for r in base])[:, 1:]
     assert a.shape == b.shape == (N, LENGTH - 1)
     observed, null_mean, p = permutation_p(a, b, vocab, PERMUTATIONS)
-    print(f"ngram K={K}: {drafts} drafts, {drafted} draft tokens, {accepted} accepted "
+    print(f"ngram K={K}: {drafts} drafts ({base_drafts} in the waves of 64, {len(steps)} steps), {drafted} draft "
+          f"tokens, {accepted} accepted "
           f"({accepted / drafted:.1%}); mean TV {observed:.4f} vs null {null_mean:.4f}, permutation p = {p:.3f}")
     assert p > ALPHA, (observed, null_mean, p)
 
