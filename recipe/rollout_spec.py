@@ -50,7 +50,6 @@ ENV = {"method": "ROLLOUT_SPECULATIVE", "tokens": "ROLLOUT_SPECULATIVE_TOKENS",
        "max_batch": "ROLLOUT_SPECULATIVE_MAX_BATCH", "ngram_min": "ROLLOUT_SPECULATIVE_NGRAM_MIN",
        "ngram_max": "ROLLOUT_SPECULATIVE_NGRAM_MAX", "suffix_depth": "ROLLOUT_SPECULATIVE_SUFFIX_DEPTH",
        "suffix_cached": "ROLLOUT_SPECULATIVE_SUFFIX_CACHED"}
-DEFAULT_MAX_BATCH_NGRAM = 32
 
 
 def batch_schedule(tokens: int, max_batch: int, max_num_seqs: int) -> list[list[int]] | None:

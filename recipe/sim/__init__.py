@@ -3,6 +3,8 @@
 ``trace`` (what the model would generate, generated or recorded; ``Trace.previous_run`` for warm starts),
 ``engine`` (how long a step takes on the rollout replicas, with vLLM's KV-cache admission and preemption),
 ``policies`` (batch formation from the same ``recipe.core`` objects the trainer drives, the tail cut
-included), ``run`` (the driver and the per-policy summary) and ``__main__`` (the report:
-``python -m recipe.sim --help``). numpy only; ``recipe.traces`` provides the recorded-trace format.
+included), ``run`` (the driver and the per-policy summary), ``__main__`` (the report:
+``python -m recipe.sim --help``), ``speculation`` (the cost of speculative decoding, on a measured acceptance curve)
+and ``acceptance`` (tokens per target step of a drafter, measured exactly from recorded responses:
+``python -m recipe.sim.acceptance``). numpy only; ``recipe.traces`` provides the recorded-trace format.
 """

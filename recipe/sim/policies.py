@@ -415,7 +415,7 @@ register(PolicySpec("tailcut-budget", f"strictly on-policy: tailcut-level with t
 # extra truncation stays <= 1 point on every tuning seed of the reference trace (the controller's Kaplan-Meier
 # estimate runs ~0.1 point below the truth there).
 SPEC_BUDGET = 0.008
-SPEC_TAIL_MAX_BATCH = 32  # recipe/rollout_spec.py's DEFAULT_MAX_BATCH_NGRAM
+SPEC_TAIL_MAX_BATCH = 32  # ROLLOUT_SPECULATIVE_MAX_BATCH=32: the tail-only schedule the recipe shipped before
 _SPEC_CUT = {**_TAILCUT_BUDGET, "tail_cut_budget": SPEC_BUDGET}
 register(PolicySpec("best-onpolicy-spec", f"strictly on-policy: speculative decoding on every step (acceptance "
                     f"length: the run's --acceptance-length) + tailcut-budget's warm-started order and cut at a "

@@ -29,11 +29,34 @@ In the simulator (``recipe.sim.engine``) the factor multiplies the engine model'
 speculative decoding (``num_speculative_tokens_per_batch_size``) does: ``k`` draft tokens while a replica runs at
 most ``max_batch`` sequences, none above (``max_batch=None``: always on).
 
-Left out (each makes speculation cost more than modelled): vLLM turns async scheduling off for the whole run with
-``ngram``, ``suffix`` and custom proposers (full-batch steps pay too, drafting or not); drafting time on the CPU
-(ngram / suffix-tree lookups, about proportional to the batch); the sampler and rejection sampler over the
-152K-token vocabulary for ``B * (1 + k)`` positions; acceptance that falls deep into a long chain of thought (a
-static drafter); the draft model's own cost (EAGLE); and the variance of the accepted length (only its mean).
+Measured acceptance (issue 24): ``AcceptanceCurve`` is tokens per target step by position in the response, read from
+``python -m recipe.sim.acceptance --json`` for one drafter and passed as ``SpecCost(curve=...)`` (``bench/
+spec_measured.py``; ``python -m recipe.sim`` takes only a single ``--acceptance-length`` so far); each segment takes
+the value at its sequences' mean position (context minus the prompt), the last bucket's beyond it. That figure
+counts every step, drafted or not, so ``tau`` here is tokens per step over all of a response's steps, and the steps
+where the drafter found nothing verify no draft tokens: the roofline then takes the curve's mean draft tokens per
+step as its ``k``.
+
+Charged besides the roofline (each an input with its source, none measured on a GPU here):
+
+- ``sync_penalty``: vLLM turns async scheduling off for the whole run with ngram, suffix and custom proposers
+  (``config/vllm.py``), so every decode step of a speculating run, drafting or not, pays the scheduler and input
+  preparation it would otherwise hide. Default 0.10 of a step: vLLM's async scheduling PR (#19970) overlaps that CPU
+  work with the GPU; #32618 measured 30.8% more throughput from it on Qwen3-30B-A3B under PP4 (more CPU per step than
+  our TP4 replicas), and vLLM issue #37150 measured ngram 1971 tok/s vs ngram_gpu + async 1759 (different drafters).
+  10% is the middle of what those suggest for TP, a sensitivity more than a measurement.
+- ``draft_s_per_token``: the CPU time of vLLM's ngram proposer, one thread, which scans each drafting request's whole
+  context per step (KMP): seconds per context token, measured on this CPU with vLLM's own ``batch_propose_numba``
+  (``bench/acceptance.py``: ~1.3 ns per token in the least loaded run, 1.2-3 ns on these shared cores; ~2.6 ms
+  per step at 256 requests of 8000 tokens). With async scheduling off it adds to the step.
+- ``graph_penalty``: a batch-size schedule (``ROLLOUT_SPECULATIVE_MAX_BATCH``, the tail mode) makes vLLM capture
+  PIECEWISE CUDA graphs instead of FULL_AND_PIECEWISE (``config/vllm.py``, the probe's notes): attention then runs
+  outside the graph on every step of the run. Default 0.03 of a step, an assumption (attention launches are a few
+  percent of a TP4 MoE decode step at large batch), applied to the tail mode only.
+
+Still left out: the sampler and rejection sampler over the 152K vocabulary for ``B (1 + k)`` positions; the variance of
+the accepted length (only its mean); the draft model's cost (EAGLE: none ships); arctic-inference's suffix-tree
+update time; Dynamic SD's limits (off with DP > 1; suffix asserts a fixed K until vLLM PR #46399).
 """
 from __future__ import annotations
 
@@ -58,11 +81,57 @@ FLOPS = {"h100": 6.0e14, "h200": 6.0e14}  # effective dense bf16 FLOP/s per GPU
 # Acceptance lengths published for this model class (tokens per verify step, bonus included)
 PUBLISHED_ACCEPTANCE = {"angelslim-eagle3": 2.04, "cohere": 2.73}
 MODES = ("off", "tail", "always")
+SYNC_PENALTY = 0.10  # async scheduling off (vLLM PRs #19970, #32618; issue #37150): see the docstring
+DRAFT_S_PER_TOKEN = 1.3e-9  # vLLM's ngram proposer on this CPU, one thread (bench/acceptance.py)
+GRAPH_PENALTY = 0.03  # PIECEWISE instead of FULL_AND_PIECEWISE CUDA graphs under a batch-size schedule (assumed)
 
 
 def experts_touched(tokens) -> np.ndarray:
     """Expected distinct experts one layer routes ``tokens`` (effective) tokens to: E [1 - (1 - top/E)^tokens]."""
     return EXPERTS * (1.0 - (1.0 - TOP_K / EXPERTS) ** np.asarray(tokens, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class AcceptanceCurve:
+    """Measured tokens per target step (every step counted) and draft tokens per step, by the position in the response
+    where a step starts (``starts`` ascending from 0; the last value holds beyond), for one drafter."""
+
+    starts: tuple
+    tau: tuple
+    drafted: tuple
+    source: str = ""
+
+    def __post_init__(self):
+        if not (len(self.starts) == len(self.tau) == len(self.drafted) >= 1) or self.starts[0] != 0:
+            raise ValueError("an acceptance curve needs equal-length starts (from 0), tau and drafted")
+        if any(t < 1 for t in self.tau) or any(d < 0 for d in self.drafted):
+            raise ValueError(f"tokens per step must be >= 1 and draft tokens >= 0, got {self.tau}, {self.drafted}")
+
+    @classmethod
+    def from_report(cls, report: dict, drafter: str, source: str = "") -> AcceptanceCurve:
+        """From ``python -m recipe.sim.acceptance --json``'s object (or ``bench/acceptance.py --json-out``'s
+        ``drafters``): buckets without steps take the bucket before."""
+        report = report.get("drafters", report)
+        if drafter not in report:
+            raise ValueError(f"drafter {drafter!r} is not in the acceptance report; it has {sorted(report)}")
+        s = report[drafter]
+        if not s.get("groups"):
+            raise ValueError(f"drafter {drafter!r} has no measurement ({s.get('skipped', 'no groups')})")
+        overall_draft = s["draft_tokens"] / s["steps"]
+        starts, tau, drafted = [], [], []
+        for b in s["by_position"]:
+            starts.append(b["from"])
+            tau.append(b["tokens_per_step"] if b["tokens_per_step"] is not None else (tau[-1] if tau else
+                                                                                      s["tokens_per_step"]))
+            dr = b.get("draft_tokens_per_step", overall_draft)
+            drafted.append(dr if dr is not None else (drafted[-1] if drafted else overall_draft))
+        return cls(tuple(starts), tuple(tau), tuple(drafted), source or drafter)
+
+    def at(self, position) -> tuple[np.ndarray, np.ndarray]:
+        """(tau, draft tokens per step) at ``position`` (array) in the response."""
+        i = np.searchsorted(np.asarray(self.starts), np.maximum(np.asarray(position, dtype=np.float64), 0),
+                            side="right") - 1
+        return np.asarray(self.tau)[i], np.asarray(self.drafted)[i]
 
 
 @dataclass(frozen=True)
@@ -76,17 +145,22 @@ class SpecCost:
     bandwidth: float = BANDWIDTH["h200"]
     flops: float = FLOPS["h200"]
     tp: int = 4
-    # Added to every decode step of a run that speculates, drafting or not (left out by default: 0). vLLM turns
-    # async scheduling off for the whole run with ngram, suffix and custom proposers; a sensitivity, not a model.
-    sync_penalty: float = 0.0
+    # Added to every decode step of a run that speculates, drafting or not (async scheduling off; see the docstring)
+    sync_penalty: float = SYNC_PENALTY
+    draft_s_per_token: float = DRAFT_S_PER_TOKEN  # CPU drafting seconds per context token of a drafting sequence
+    graph_penalty: float = GRAPH_PENALTY  # every step of a run with a batch-size schedule (tail mode)
+    curve: AcceptanceCurve | None = None  # measured acceptance by position: replaces tau and k where given
+    prompt_len: int = 256  # context minus this is the curve's position (EngineParams.prompt_len's default)
 
     def __post_init__(self):
         if self.k < 1 or self.tp < 1:
             raise ValueError(f"speculation needs k >= 1 draft tokens and tp >= 1, got k={self.k}, tp={self.tp}")
-        if not 1.0 <= self.tau <= self.k + 1:
+        if self.curve is None and not 1.0 <= self.tau <= self.k + 1:
             raise ValueError(f"acceptance length tau={self.tau} must lie in [1, k + 1 = {self.k + 1}]")
-        if not 0 <= self.rho <= 1 or self.t0 < 0 or self.bandwidth <= 0 or self.flops <= 0 or self.sync_penalty < 0:
-            raise ValueError("rho must lie in [0, 1], t0 >= 0, bandwidth and flops > 0, sync_penalty >= 0")
+        if (not 0 <= self.rho <= 1 or self.t0 < 0 or self.bandwidth <= 0 or self.flops <= 0 or self.sync_penalty < 0
+                or self.draft_s_per_token < 0 or self.graph_penalty < 0):
+            raise ValueError("rho must lie in [0, 1], t0 >= 0, bandwidth and flops > 0, sync_penalty and "
+                             "draft_s_per_token >= 0")
 
     @classmethod
     def for_gpu(cls, gpu: str, **kw) -> SpecCost:
@@ -110,7 +184,8 @@ class SpecCost:
         return self.step_time(batch, k, ctx) / self.step_time(batch, 0, ctx)
 
     def speedup(self, batch, ctx) -> np.ndarray:
-        """Tokens per second with speculation over without, at one batch: tau t(B, 0) / t(B, k)."""
+        """Tokens per second with speculation over without, at one batch, by the roofline alone: tau t(B, 0) /
+        t(B, k)."""
         return self.tau / self.break_even(batch, ctx)
 
 
@@ -123,17 +198,31 @@ class Speculation:
     max_batch: int | None = None
 
     def factor(self, running, ctx_mean) -> np.ndarray:
-        """Per decode token, the time of a speculative step over a plain one (1 where the schedule does not draft)."""
+        """Per decode token, the time of a speculative step over a plain one (1 where the schedule does not draft,
+        times the penalties every step of the run pays)."""
         r = np.maximum(np.asarray(running, dtype=np.float64), 1.0)
-        f = self.cost.break_even(r, np.asarray(ctx_mean, dtype=np.float64)) / self.cost.tau
+        ctx = np.asarray(ctx_mean, dtype=np.float64)
+        c = self.cost
+        if c.curve is None:
+            tau, k = c.tau, c.k
+        else:
+            tau, k = c.curve.at(ctx - c.prompt_len)
+        plain = self.cost.step_time(r, 0, ctx)
+        draft_cpu = self.cost.draft_s_per_token * r * ctx
+        f = (self.cost.step_time(r, k, ctx) + draft_cpu) / (tau * plain)
         if self.max_batch is not None:
             f = np.where(r <= self.max_batch, f, 1.0)
-        return np.asarray(f, dtype=np.float64) * (1.0 + self.cost.sync_penalty)
+        every = 1.0 + c.sync_penalty + (c.graph_penalty if self.max_batch is not None else 0.0)
+        return np.asarray(f, dtype=np.float64) * every
 
     def min_factor(self) -> float:
         """The smallest factor at any batch and context (for the lower bounds): below it no step can go."""
         grid_b = np.arange(1, 513, dtype=np.float64)
-        f = self.factor(grid_b[:, None], np.array([0.0, 2e4])[None, :])
+        ctx = np.array([0.0, 2e4])[None, :] + self.cost.prompt_len
+        if self.cost.curve is not None:
+            starts = np.asarray(self.cost.curve.starts, dtype=np.float64)[None, :]
+            ctx = np.concatenate([ctx, starts + self.cost.prompt_len], axis=1)
+        f = self.factor(grid_b[:, None], ctx)
         return float(min(1.0, f.min()))
 
     def to_dict(self) -> dict:
@@ -170,5 +259,6 @@ def needed_tau(speedup_at, target: float, lo: float = 1.0, hi: float = 4.0, tol:
     return round(hi, 3)
 
 
-__all__ = ["SpecCost", "Speculation", "MODES", "PUBLISHED_ACCEPTANCE", "acceptance_rate", "expected_acceptance",
+__all__ = ["SpecCost", "Speculation", "AcceptanceCurve", "MODES", "PUBLISHED_ACCEPTANCE", "acceptance_rate",
+           "expected_acceptance",
            "needed_tau", "experts_touched"]

@@ -3,7 +3,7 @@ vLLM's speculative_config as one Hydra override, and a bad value stops the prefl
 import shlex
 
 OVERRIDE = ("+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config={method:ngram,num_speculative_tokens:3,"
-            "prompt_lookup_min:5,prompt_lookup_max:5,num_speculative_tokens_per_batch_size:[[1,32,3],[33,64,0]]}")
+            "prompt_lookup_min:1,prompt_lookup_max:3}")
 
 
 def test_dry_run_with_ngram_prints_the_speculative_override(run_script, tmp_path):

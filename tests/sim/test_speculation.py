@@ -9,8 +9,9 @@ from recipe.sim import trace as T
 from recipe.sim.engine import EngineParams, simulate_step
 from recipe.sim.policies import POLICIES, PolicySpec
 from recipe.sim.run import simulate
-from recipe.sim.speculation import (DENSE_BYTES, EXPERT_BYTES, FLOP_PER_CTX, FLOP_PER_TOKEN, KV_BYTES, SpecCost,
-                                    Speculation, acceptance_rate, expected_acceptance, experts_touched, needed_tau)
+from recipe.sim.speculation import (DENSE_BYTES, EXPERT_BYTES, FLOP_PER_CTX, FLOP_PER_TOKEN, KV_BYTES, AcceptanceCurve,
+                                    SpecCost, Speculation, acceptance_rate, expected_acceptance, experts_touched,
+                                    needed_tau)
 
 PROBE = dict(tp=1, bandwidth=4e12, flops=6e14, t0=1e-3, rho=0.6)  # REPORT.md section 4's example
 
@@ -66,21 +67,61 @@ def test_acceptance_helpers_and_validation():
 
 
 def test_schedule_factor():
-    c = SpecCost(tau=2.0, k=3)
+    bare = dict(sync_penalty=0.0, draft_s_per_token=0.0, graph_penalty=0.0)
+    c = SpecCost(tau=2.0, k=3, **bare)
     always, tail = Speculation(c), Speculation(c, max_batch=16)
     r = np.array([1, 8, 16, 17, 128])
     f = always.factor(r, np.full(5, 6000.0))
     assert np.allclose(f, c.break_even(r, 6000) / 2.0)
     assert np.allclose(tail.factor(r, np.full(5, 6000.0)), np.where(r <= 16, f, 1.0))
-    pen = Speculation(dataclasses.replace(c, sync_penalty=0.1), max_batch=16)
-    assert np.allclose(pen.factor(r, np.full(5, 6000.0)), 1.1 * tail.factor(r, np.full(5, 6000.0)))
+    # async scheduling off: every step of the run, drafting or not; the graph penalty: the tail schedule's run only
+    pen = Speculation(dataclasses.replace(c, sync_penalty=0.1, graph_penalty=0.03), max_batch=16)
+    assert np.allclose(pen.factor(r, np.full(5, 6000.0)), 1.13 * tail.factor(r, np.full(5, 6000.0)))
+    assert np.allclose(Speculation(dataclasses.replace(c, sync_penalty=0.1, graph_penalty=0.03)).factor(r, 6000.0),
+                       1.1 * f)
+    # CPU drafting: seconds per context token of each drafting sequence, added to the verify step
+    d = Speculation(dataclasses.replace(c, draft_s_per_token=1e-9))
+    want = (c.step_time(r, 3, 6000) + 1e-9 * r * 6000) / (2.0 * c.step_time(r, 0, 6000))
+    assert np.allclose(d.factor(r, 6000.0), want)
+    assert SpecCost().sync_penalty > 0 and SpecCost().draft_s_per_token > 0  # charged by default
+
+
+def test_measured_curve_replaces_tau_by_position():
+    bare = dict(sync_penalty=0.0, draft_s_per_token=0.0, graph_penalty=0.0)
+    report = {"ngram:k=4:min=1:max=3": {
+        "groups": 10, "steps": 100, "draft_tokens": 200, "tokens_per_step": 1.5,
+        "by_position": [{"from": 0, "to": 256, "tokens_per_step": 1.2},
+                        {"from": 256, "to": 1024, "tokens_per_step": 2.0},
+                        {"from": 1024, "to": None, "tokens_per_step": None}]}}
+    curve = AcceptanceCurve.from_report(report, "ngram:k=4:min=1:max=3")
+    assert curve.tau == (1.2, 2.0, 2.0) and curve.drafted == (2.0, 2.0, 2.0)  # an empty bucket takes the one before
+    c = SpecCost(curve=curve, prompt_len=100, **bare)
+    s = Speculation(c)
+    ctx = np.array([100.0, 355.0, 356.0, 5000.0])  # positions 0, 255, 256, 4900
+    want = c.step_time(8, 2.0, ctx) / (np.array([1.2, 1.2, 2.0, 2.0]) * c.step_time(8, 0, ctx))
+    assert np.allclose(s.factor(8, ctx), want)
+    # at a measured 1.0 token per step speculation can only lose
+    flat = SpecCost(curve=AcceptanceCurve((0,), (1.0,), (4.0,)), **bare)
+    assert (Speculation(flat).factor(np.arange(1, 300), 6000.0) > 1).all()
+    with pytest.raises(ValueError, match="not in the acceptance report"):
+        AcceptanceCurve.from_report(report, "suffix:own")
+    with pytest.raises(ValueError, match=">= 1"):
+        AcceptanceCurve((0,), (0.5,), (1.0,))
+    # the simulator runs on it: a better curve is faster
+    eng = EngineParams(replicas=2)
+    good = SpecCost(curve=AcceptanceCurve((0,), (2.0,), (3.0,)))
+    bad = SpecCost(curve=AcceptanceCurve((0,), (1.05,), (3.0,)))
+    sp = {cc: {p["name"]: p for p in simulate(TRACE, ["best-onpolicy-spec"], eng, batch_size=16,
+                                              spec_cost=cc)["policies"]}["best-onpolicy-spec"]["speedup_vs_baseline"]
+          for cc in (good, bad)}
+    assert sp[good] > sp[bad]
 
 
 def test_engine_step_with_speculation():
     p = EngineParams(replicas=1, kv_tokens=None)
     lengths = np.full(64, 2000)
     plain = simulate_step(lengths, p, np.random.default_rng(0))
-    c = SpecCost(tau=2.0, k=3)
+    c = SpecCost(tau=2.0, k=3, draft_s_per_token=0.0)  # a factor linear enough in the context for the mean
     fast = simulate_step(lengths, p, np.random.default_rng(0), speculation=Speculation(c))
     f = float(Speculation(c).factor(64, p.prompt_len + 1000))
     assert fast.time_s == pytest.approx((plain.time_s - p.prefill_tok_s * 64 * p.prompt_len) * f
@@ -88,8 +129,13 @@ def test_engine_step_with_speculation():
     # tokens_by stays consistent with the faster clock: at the faster step's half time about half is decoded
     assert fast.tokens_by(fast.time_s / 2).mean() == pytest.approx(plain.tokens_by(plain.time_s / 2).mean(), rel=0.02)
     # a schedule that never drafts at this batch changes nothing
-    off = simulate_step(lengths, p, np.random.default_rng(0), speculation=Speculation(c, max_batch=8))
+    bare = dataclasses.replace(c, sync_penalty=0.0, graph_penalty=0.0)
+    off = simulate_step(lengths, p, np.random.default_rng(0), speculation=Speculation(bare, max_batch=8))
     assert off.time_s == pytest.approx(plain.time_s)
+    # ... but for the run-wide costs: async scheduling off and the schedule's CUDA graphs, on every decode step
+    off = simulate_step(lengths, p, np.random.default_rng(0), speculation=Speculation(c, max_batch=8))
+    prefill = p.prefill_tok_s * 64 * p.prompt_len
+    assert off.time_s - prefill == pytest.approx((plain.time_s - prefill) * (1 + c.sync_penalty + c.graph_penalty))
     # with KV pressure (the event-driven path) the speed-up is the same factor
     small = dataclasses.replace(p, kv_tokens=60_000)
     a = simulate_step(lengths, small, np.random.default_rng(0))
@@ -133,7 +179,8 @@ def test_cli_reports_the_acceptance_length_it_assumes():
                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
-    assert rep["speculation"]["acceptance_length"] == 2.73 and "Cohere" in rep["speculation"]["acceptance_length_source"]
+    assert rep["speculation"]["acceptance_length"] == 2.73
+    assert "Cohere" in rep["speculation"]["acceptance_length_source"]
     assert rep["speculation"]["bandwidth"] == 4.0e12
     bad = subprocess.run([sys.executable, "-m", "recipe.sim", "--acceptance-length", "5"],
                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
