@@ -3,8 +3,9 @@
 Only small hook overrides, each pinned by tests/contract:
 * ``_init_dataloader``: verl builds its dataloaders, then the train one is rebuilt with ``LengthAwareEpochSampler``
   (it runs before ``_load_checkpoint``, so a resume restores into this sampler).
-* ``_next_train_batch``: every prompt fetched for training gets its length prediction and the batch's cap as row
-  fields (validation batches never pass here, so they are never capped).
+* ``_next_train_batch``: every prompt fetched for training gets its length prediction, the batch's cap and the
+  training step it is launched for (``rollout_step``) as row fields (validation batches never pass here, so they are
+  never capped and never cut by the rollout gate).
 * ``step``: after verl's step, read each response's row id, length, cap and prediction back from TransferQueue,
   update the estimates (before the checkpoint save in ``fit``), log the recipe metrics, append the length trace.
 * ``_build_replay_buffer``: verl's replay buffer, polling TransferQueue every ``recipe.replay_buffer.poll_interval_s``
@@ -19,11 +20,13 @@ Only small hook overrides, each pinned by tests/contract:
 * over-sampling (``recipe.over_sample.enable``): ``prepare_step`` launches the extra prompts, ``on_sample_end``
   aborts and re-queues the groups that lost the race before the replicas sleep, ``on_step_end`` resumes generation
   after the weight update (see ``recipe/adapter/oversample.py``).
+* both abort through one ``StepAbort`` (``recipe/adapter/step_abort.py``): close the rollout gate for the step,
+  abort the replicas, settle, and after the weight update resume generation and open the gate.
 * multi-turn (``actor_rollout_ref.rollout.multi_turn.enable``): with over-sampling or the tail cut, a rollout gate
-  (``recipe/adapter/rollout_gate.py``) that both close before they abort, so the agent loops cancel tool calls in
-  flight; ``step`` reads each trajectory's turns, tool calls, tool tokens and tool time into the traces and
-  ``rollout/tools/*`` (``recipe/adapter/turns.py``), and the tool calls and time into the sampler, whose time key
-  orders epochs with ``data.sampler.order_by=time``.
+  (``recipe/adapter/rollout_gate.py``) closed for the aborted step before the abort, so the agent loops cancel that
+  step's tool calls in flight; ``step`` reads each trajectory's turns, tool calls, tool tokens and tool time into
+  the traces and ``rollout/tools/*`` (``recipe/adapter/turns.py``), and the tool calls and time into the sampler,
+  whose time key orders epochs with ``data.sampler.order_by=time``.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from ..core.cap import make_cap_policy
+from ..core.mismatch import mismatch_metrics
 from ..core.oversample import OverSampleController
 from ..core.seeds import row_seeds
 from ..core.tailcut import TailCut, batch_level
@@ -48,13 +52,14 @@ from ..core.tailcut_budget import TailCutBudget
 from ..core.step_stats import StepResponses, step_metrics
 from ..settings import parse_settings
 from ..traces import LengthTraceWriter, finish_reasons
-from .columns import column_to_numpy
-from .fields import CAP, PARTIAL, PREDICTION, PRIORITY, ROW_ID, SEED
+from .columns import column_to_numpy, sequences
+from .fields import CAP, PARTIAL, PREDICTION, PRIORITY, ROLLOUT_STEP, ROW_ID, SEED
 from .oversample import OverSampleDriver
 from .progress import progress_line
 from .rollout_gate import create_gate
 from .sampler import LengthAwareEpochSampler
 from .spec_metrics import SpecAcceptanceMeter, trace_fields
+from .step_abort import StepAbort
 from .tail_cut import TailCutMonitor
 from .turns import tool_observations, trajectory_turns, turn_metrics
 from .warm_start import WarmStartReport, warm_start
@@ -64,6 +69,7 @@ logger = logging.getLogger(__name__)
 CAP_STATE_KEY = "cap_policy"
 RESUMED_PRIORITY = -(2**30)  # ahead of any predicted length
 OVER_SAMPLE_STATE_KEY = "over_sample"
+MISALIGNED = "rollout/mismatch/misaligned_records"  # records left out of rollout/mismatch/* (should stay 0)
 TAIL_CUT_STATE_KEY = "tail_cut_budget"  # the truncation budget's controller (recipe.core.tailcut_budget)
 
 
@@ -90,9 +96,10 @@ class LengthAwareTrainer(PPOTrainerSync):
         multi_turn = bool(config.actor_rollout_ref.rollout.get("multi_turn", {}).get("enable", False))
         self.multi_turn = multi_turn
         self.rollout_gate = create_gate() if multi_turn and (tc.enabled or self.settings.over_sample.enabled) else None
+        self.step_abort = StepAbort(self.rollout_gate)  # the one abort sequence of the tail cut and over-sampling
         self.tail_cut = (TailCutMonitor(TailCut(tc.fraction, tc.level_exponent), config.actor_rollout_ref.rollout.n,
-                                        budget=budget, gate=self.rollout_gate) if tc.enabled else None)
-        self._launch: tuple[list[str], float] | None = None  # the last batch formed: its uids and its length level
+                                        budget=budget, abort=self.step_abort) if tc.enabled else None)
+        self._launch: tuple[list[str], float, int] | None = None  # the last batch formed: uids, length level, step
         self.priority_scheduling = config.actor_rollout_ref.rollout.get("scheduling_policy", "fcfs") == "priority"
         # speculative decoding's acceptance per step, from vLLM's counters (recipe/adapter/spec_metrics.py)
         vllm_kwargs = (config.actor_rollout_ref.rollout.get("engine_kwargs") or {}).get("vllm") or {}
@@ -104,6 +111,31 @@ class LengthAwareTrainer(PPOTrainerSync):
         buffer = super()._build_replay_buffer()
         buffer.poll_interval = self.settings.poll_interval_s
         return buffer
+
+    def _compute_old_log_prob(self, batch, metrics):
+        """verl's, then the step's training-inference mismatch on the trained tokens (``rollout/mismatch/*``,
+        ``recipe.core.mismatch``) where the rollout returned its log-probs: what router replay is meant to shrink."""
+        batch = super()._compute_old_log_prob(batch, metrics)
+        if self.config.actor_rollout_ref.rollout.get("calculate_log_probs", False):
+            metrics.update(self.mismatch(batch))
+        return batch
+
+    def mismatch(self, batch) -> dict[str, float]:
+        """``mismatch_metrics`` of the batch's records in TransferQueue (trainer's ``old_log_probs`` against the
+        rollout's ``rollout_log_probs`` where ``response_mask`` is set). In bypass mode verl sets the first to the
+        second, so the figures are zero there by construction."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["old_log_probs", "rollout_log_probs", "response_mask"])
+        rows = [(t.float().numpy(), r.float().numpy(), m.numpy()) for t, r, m in
+                zip(sequences(data["old_log_probs"]), sequences(data["rollout_log_probs"]),
+                    sequences(data["response_mask"]))]
+        aligned = [row for row in rows if len(row[0]) == len(row[1]) == len(row[2])]
+        out = {} if not aligned else mismatch_metrics(*(np.concatenate(col) for col in zip(*aligned)))
+        if len(aligned) < len(rows):  # a record whose log-probs do not line up with its tokens: say so, never guess
+            logger.warning("mismatch: %d of %d records have log-probs of another length than their mask",
+                           len(rows) - len(aligned), len(rows))
+            out[MISALIGNED] = float(len(rows) - len(aligned))
+        return out
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
@@ -131,7 +163,7 @@ class LengthAwareTrainer(PPOTrainerSync):
                 has_logprobs=bool(rollout.get("calculate_log_probs", False)),
                 events_path=(os.path.join(self.config.trainer.default_local_dir, "over_sample_events.jsonl")
                              if os_cfg.abort_events else None),
-                gate=self.rollout_gate,
+                abort=self.step_abort,
                 multi_turn=self.multi_turn,
             )
             # Over-sampled steps launch any number of prompts: fetch one row per dataloader batch (verl does the
@@ -183,12 +215,15 @@ class LengthAwareTrainer(PPOTrainerSync):
         pred, cap = self.batch_prediction_and_cap(rows)
         batch[PREDICTION] = torch.as_tensor(pred, dtype=torch.float32)
         batch[CAP] = torch.full((len(rows),), cap, dtype=torch.int64)
+        # the step this batch is launched for: an abort closes the rollout gate for it, and only for it
+        step = int(self.global_steps)
+        batch[ROLLOUT_STEP] = torch.full((len(rows),), step, dtype=torch.int64)
         if self.settings.sampling_seed is not None:
             batch[SEED] = torch.as_tensor(row_seeds(self.settings.sampling_seed, self._fetch_epoch(), rows))
         if self.over_sample is not None and self.over_sample.controller.requeue == "continue":
             tu.assign_non_tensor_stack(batch, PARTIAL, self.over_sample.partial_for(rows))
         if self.tail_cut is not None:
-            self._launch = ([str(u) for u in batch["uid"]], self._batch_level(pred))
+            self._launch = ([str(u) for u in batch["uid"]], self._batch_level(pred), step)
         if self.priority_scheduling:
             priorities = self.row_priorities(rows)
             batch[PRIORITY] = torch.as_tensor(priorities, dtype=torch.int64)
@@ -236,8 +271,8 @@ class LengthAwareTrainer(PPOTrainerSync):
     def on_sample_begin(self):
         super().on_sample_begin()
         if self.tail_cut is not None and self._launch is not None:
-            uids, level = self._launch
-            self.tail_cut.start(self.checkpoint_manager, uids, level)
+            uids, level, step = self._launch
+            self.tail_cut.start(self.checkpoint_manager, uids, level, step=step)
 
     def on_sample_end(self):
         if self.over_sample is not None:

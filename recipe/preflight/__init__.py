@@ -17,9 +17,10 @@ parquet schemas, the rollout layout and batch divisibility.
 generated from it (``python -m recipe.preflight --env-table``).
 
 Modules: :mod:`.knobs` (the variables), :mod:`.env` (phase 1), :mod:`.overrides`, :mod:`.compose` (phase 2), one
-module per check on the composed config (:mod:`.model`, :mod:`.layout`, :mod:`.rollout`, :mod:`.batches`,
-:mod:`.data`, :mod:`.reward`, :mod:`.tools`, :mod:`.distcp`, :mod:`.megatron`), :mod:`.report` (summary, text, launch plan); a
-new check is a function ``check_x(cfg, errors)`` in its module, called from :func:`_check_config`.
+module per check on the composed config (:mod:`.model`, :mod:`.layout`, :mod:`.rollout`, :mod:`.router_replay`,
+:mod:`.batches`, :mod:`.data`, :mod:`.reward`, :mod:`.tools`, :mod:`.distcp`, :mod:`.megatron`), :mod:`.report`
+(summary, text, launch plan); a new check is a function ``check_x(cfg, errors)`` in its module, called from
+:func:`_check_config`.
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ from .overrides import RunPaths, build_overrides, run_paths
 from .report import PreflightReport, dump, format_report, summary_table, write_plan
 from .reward import check_reward
 from .rollout import check_rollout
+from .router_replay import check_router_replay, routing_memory_note
 from .stack import check_stack
-from .tools import check_tools
+from .tools import check_tools, node_memory_bytes
 from .warm_start import check_warm_start
 
 __all__ = ["KNOB", "KNOBS", "Knob", "PreflightReport", "RunPaths", "build_overrides", "distcp_problem", "dump",
@@ -102,11 +104,13 @@ def _check_config(cfg, values: dict, report: PreflightReport) -> None:
         check_routing(hf, values, errors)
         check_resume_layout(c, values, errors)
     check_rollout(c, hf, layout["world"], errors)
+    check_router_replay(c, hf, errors, notes)
+    routing_memory_note(c, hf, notes, node_memory_bytes())
     check_batches(c, layout["dp"], errors)
     cap_note(c, notes)
     check_data(c, select(c, "data.train_batch_size"), errors, notes)
     check_reward(c, errors)
-    check_tools(c, errors)
+    check_tools(c, errors, notes)
     check_warm_start(c, errors, notes)
     if megatron:
         report.smoke_convert = check_distcp(c, values["PRESET"] == "smoke", errors, notes)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..rollout_spec import DEFAULT_MAX_BATCH_NGRAM
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARR = "actor_rollout_ref"
@@ -52,6 +51,24 @@ def config_name(v: dict) -> str:
     return CPU_CONFIG if is_cpu(v) else "length_aware_grpo"
 
 
+def default_router_replay(v: dict) -> str:
+    """``R3`` for a Mixture-of-Experts MODEL_PATH on Megatron, ``off`` otherwise (PRESET=cpu: verl's FSDP engine has
+    no router replay; a dense model has no routing; over-sample ``continue``: the partial-rollout store does not carry
+    routes, ``recipe.preflight.router_replay.CONTINUE_R3``). Why R3: docs/training.md, "Router replay"."""
+    import json
+
+    from .model import expert_count
+
+    if is_cpu(v) or (v.get("OVER_SAMPLE_ENABLE") and v.get("OVER_SAMPLE_REQUEUE") == "continue"):
+        return "off"
+    try:
+        hf = json.loads((Path(v["MODEL_PATH"]) / "config.json").read_text())
+    except (OSError, ValueError, KeyError):
+        return "off"  # the model check names the missing or broken config.json
+    hf = hf.get("text_config", hf) if isinstance(hf, dict) and isinstance(hf.get("text_config"), dict) else hf
+    return "R3" if isinstance(hf, dict) and expert_count(hf) else "off"
+
+
 def baseline_arm(v: dict) -> str | None:
     """``"fair"`` (sampler and cap off, all else equal), ``"eager"`` (the seed's: also eager vLLM) or None."""
     if v["VLLM_EAGER_BASELINE_NO_RESAMPLE"]:
@@ -83,6 +100,9 @@ def _experiment_name(v: dict) -> str:
         variant += f"-{v['ROLLOUT_SPECULATIVE']}"
     if v.get("MULTI_TURN"):
         variant += "-tools"
+    replay = v.get("ROUTER_REPLAY")
+    if replay is not None and replay != default_router_replay(v):  # an A/B of router replay: a directory per arm
+        variant += "-noreplay" if replay == "off" else f"-{replay.lower()}"
     return f"{model}-grpo-{variant}"
 
 
@@ -204,16 +224,17 @@ KNOBS: tuple[Knob, ...] = (
          choices=("off", "ngram", "suffix"), group=_G_ROLLOUT),
     Knob("ROLLOUT_SPECULATIVE_TOKENS", "int", "4", "speculative_config.num_speculative_tokens", "draft tokens per "
          "request and step (suffix: the most it may draft)", minimum=1, group=_G_ROLLOUT),
-    Knob("ROLLOUT_SPECULATIVE_MAX_BATCH", "int",
-         lambda v: DEFAULT_MAX_BATCH_NGRAM if v["ROLLOUT_SPECULATIVE"] == "ngram" else 0,
+    Knob("ROLLOUT_SPECULATIVE_MAX_BATCH", "int", "0",
          "speculative_config.num_speculative_tokens_per_batch_size", "draft only while a replica's step holds at most "
          "this many requests (the rollout's tail), none above (vLLM's Dynamic SD schedule); 0: at every batch size "
-         "(the only choice for suffix, whose proposer asserts a fixed K until vLLM PR #46399)",
-         default_doc=f"`{DEFAULT_MAX_BATCH_NGRAM}` with ngram, else `0`", minimum=0, group=_G_ROLLOUT),
-    Knob("ROLLOUT_SPECULATIVE_NGRAM_MIN", "int", "5", "speculative_config.prompt_lookup_min", "ngram: shortest "
-         "suffix of the context matched (vLLM's default)", minimum=1, group=_G_ROLLOUT),
-    Knob("ROLLOUT_SPECULATIVE_NGRAM_MAX", "int", "5", "speculative_config.prompt_lookup_max", "ngram: longest "
-         "suffix of the context matched (vLLM's default)", minimum=1, group=_G_ROLLOUT),
+         "(the only choice for suffix, whose proposer asserts a fixed K until vLLM PR #46399). Default 0: at the "
+         "acceptance measured on public sampled code, a tail-only schedule pays the run-wide costs of speculation "
+         "for a short tail and loses to no speculation (docs/results.md)", minimum=0, group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE_NGRAM_MIN", "int", "1", "speculative_config.prompt_lookup_min", "ngram: shortest "
+         "suffix of the context matched (vLLM's default 5 drafts rarely: 1.10 tokens per step on sampled code "
+         "against 1.31 for 1..3, docs/results.md)", minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE_NGRAM_MAX", "int", "3", "speculative_config.prompt_lookup_max", "ngram: longest "
+         "suffix of the context matched (with NGRAM_MIN, measured: docs/results.md)", minimum=1, group=_G_ROLLOUT),
     Knob("ROLLOUT_SPECULATIVE_SUFFIX_DEPTH", "int", "24", "speculative_config.suffix_decoding_max_tree_depth",
          "suffix: tree depth (prefix match + draft length; vLLM's default)", minimum=1, group=_G_ROLLOUT),
     Knob("ROLLOUT_SPECULATIVE_SUFFIX_CACHED", "int", "10000", "speculative_config.suffix_decoding_max_cached_requests",
@@ -290,6 +311,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("OVER_SAMPLE_MAX_RESUMES", "int", "1", "recipe.over_sample.max_resumes", "continue: resumes per "
          "response before it restarts (bounds policy versions per response to this + 1)", minimum=0,
          group=_G_RECIPE),
+    Knob("ROUTER_REPLAY", "choice", default_router_replay, f"{ARR}.rollout.enable_rollout_routing_replay, "
+         f"{MEG}.router_replay.mode", "MoE router replay (docs/training.md, \"Router replay\"): `R3`: vLLM returns "
+         "the experts it chose for every token and Megatron replays them in the log-prob pass and the update, so "
+         "trainer and rollout route alike (Rollout Router Replay); `R2`: Megatron records its own routes in the "
+         "log-prob pass and replays them in the update; `off`. The preflight states the routing data it moves per step",
+         default_doc="`R3` for an MoE MODEL_PATH on Megatron; `off` for a dense model, PRESET=cpu and over-sample "
+         "`continue`",
+         choices=("off", "R2", "R3"), group=_G_RECIPE),
     Knob("TAIL_CUT_ENABLE", "bool", "0", "recipe.tail_cut.enable", "end each step's rollout once TAIL_CUT_FRACTION of "
          "its responses are done; the rest are aborted and trained as truncated (on-policy; not with over-sampling)",
          group=_G_RECIPE),
@@ -306,7 +335,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PROJECT_NAME", "str", "length-aware-grpo", "trainer.project_name", "wandb project", group=_G_RUN),
     Knob("EXPERIMENT_NAME", "str", _experiment_name, "trainer.experiment_name", "run name and run directory name",
          default_doc="`<model>-grpo-<variant>`: `resampler`, `resampler-nocap`, `resampler-calcap`, `-os`, "
-         "`baseline`; `-ngram`/`-suffix` with ROLLOUT_SPECULATIVE, `-tools` with MULTI_TURN", group=_G_RUN),
+         "`baseline`; `-ngram`/`-suffix` with ROLLOUT_SPECULATIVE, `-tools` with MULTI_TURN, `-noreplay`/`-r2`/`-r3` "
+         "with a ROUTER_REPLAY other than its default", group=_G_RUN),
     Knob("CKPT_ROOT", "path", str(REPO_ROOT / "checkpoints"), "trainer.default_local_dir=CKPT_ROOT/EXPERIMENT_NAME",
          "parent of the run directories (shared filesystem on multi-node)", default_doc="`<repo>/checkpoints`",
          group=_G_RUN),

@@ -63,7 +63,7 @@ def build_overrides(v: dict, paths: RunPaths) -> list[str]:
     """
     o = _inputs(v) + _algorithm_and_batches(v)
     o += _cpu_platform(v) if is_cpu(v) else _megatron(v)
-    return o + _rollout(v) + _multi_turn(v) + _arms(v) + _run(v, paths)
+    return o + _rollout(v) + _router_replay(v) + _multi_turn(v) + _arms(v) + _run(v, paths)
 
 
 def _inputs(v: dict) -> list[str]:
@@ -169,6 +169,17 @@ def _rollout(v: dict) -> list[str]:
         # defaults to the model's max_position_embeddings (verl vllm_async_server.py _validate_configs)
         f"{ARR}.rollout.max_model_len={v['MAX_PROMPT_LENGTH'] + v['MAX_RESPONSE_LENGTH']}",
     ] if is_cpu(v) else [])
+
+
+def _router_replay(v: dict) -> list[str]:
+    """``ROUTER_REPLAY``: vLLM records the routes only for R3 (R2 records them in Megatron's own log-prob pass); the
+    FSDP config of the CPU preset has no Megatron key. The rollout's log-probs are always returned: verl's mismatch
+    metrics (``rollout_corr/k3_kl``, ``training/rollout_probs_diff_*``) compare them with the trainer's."""
+    mode = v["ROUTER_REPLAY"]
+    o = [f"{ARR}.rollout.enable_rollout_routing_replay={_b(mode == 'R3')}", f"{ARR}.rollout.calculate_log_probs=True"]
+    if not is_cpu(v):
+        o.append(f"{MEG}.router_replay.mode={'disabled' if mode == 'off' else mode}")
+    return o
 
 
 def _multi_turn(v: dict) -> list[str]:

@@ -6,7 +6,14 @@ Entry points: ``scripts/compare_runs.sh`` / ``python -m recipe.report`` (``cli.m
 """
 from recipe.report.cli import main
 from recipe.report.load import Run, RunLogsError, find_logs, load_run, read_metrics
-from recipe.report.plots import plot_cap, plot_response_lengths, plot_times, plot_val_score, write_plots
+from recipe.report.plots import (
+    plot_cap,
+    plot_mismatch,
+    plot_response_lengths,
+    plot_times,
+    plot_val_score,
+    write_plots,
+)
 from recipe.report.run_config import RunConfig, diff, find_config, is_arm_switch, render_config_diff
 from recipe.report.summary import (
     Row,
@@ -35,6 +42,7 @@ __all__ = [
     "load_run",
     "main",
     "plot_cap",
+    "plot_mismatch",
     "plot_response_lengths",
     "plot_times",
     "plot_val_score",

@@ -16,6 +16,8 @@ from matplotlib.figure import Figure
 from recipe.report.load import Run
 from recipe.report.summary import (
     GEN_TIME,
+    K3_KL,
+    OUT_OF_BAND,
     RESPONSE_MAX,
     RESPONSE_MEAN,
     STEP_TIME,
@@ -115,11 +117,31 @@ def plot_val_score(runs: list[Run]) -> Figure:
     return fig
 
 
+def plot_mismatch(runs: list[Run]) -> Figure:
+    """Training-inference mismatch per step: verl's k3 KL (log scale) and the share of trained tokens whose
+    train/rollout ratio leaves [1/2, 2]; e.g. router replay on against off."""
+    fig, (k3_ax, band_ax) = _figure(2, 3.5)
+    for ax, key in ((k3_ax, K3_KL), (band_ax, OUT_OF_BAND)):
+        for run in runs:
+            s = series(run, key)
+            ax.plot(s.index.to_numpy(), s.to_numpy(), marker=".", label=run.name)
+        ax.set_xlabel("step")
+        ax.legend()
+    k3_ax.set_title(f"k3 KL between trainer and rollout log-probs ({K3_KL})")
+    k3_ax.set_ylabel("k3 KL")
+    if any((series(run, K3_KL) > 0).any() for run in runs):
+        k3_ax.set_yscale("log")
+    band_ax.set_title(f"trained tokens with ratio outside [1/2, 2] ({OUT_OF_BAND})")
+    band_ax.set_ylabel("share of tokens")
+    return fig
+
+
 PLOTS = {
     "time_per_step.png": plot_times,
     "response_length.png": plot_response_lengths,
     "cap.png": plot_cap,
     "val_score.png": plot_val_score,
+    "mismatch.png": plot_mismatch,
 }
 
 

@@ -21,6 +21,9 @@ ARM_PREFIXES = ("data.sampler.", "recipe.cap.", "recipe.over_sample.")
 ARM_KEYS = frozenset(
     {
         "actor_rollout_ref.rollout.enforce_eager",
+        # ROUTER_REPLAY: an A/B of router replay (R3 on against off) differs in exactly these
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay",
+        "actor_rollout_ref.actor.megatron.router_replay.mode",
         "data.shuffle",
         "data.seed",
         "trainer.experiment_name",

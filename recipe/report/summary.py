@@ -24,6 +24,10 @@ RESPONSE_MAX = "response_length/max"
 CLIP_RATIO = "response_length/clip_ratio"
 SCORE_KEYS = ("critic/score/mean", "critic/rewards/mean")
 CAP = "rollout/response_max_tokens_cap"
+# Training-inference mismatch on trained tokens: verl's k3 KL (logged when the rollout returns log-probs) and the
+# recipe's share of tokens whose ratio leaves [1/2, 2] (recipe/core/mismatch.py); router replay shrinks both
+K3_KL = "rollout_corr/k3_kl"
+OUT_OF_BAND = "rollout/mismatch/ratio_out_of_band"
 CAP_HIT = "rollout/cap_hit_ratio"
 VAL_CORE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
 LAST_STEPS = 10
@@ -119,6 +123,10 @@ def summarize(run: Run) -> dict[str, float | None]:
     out["cap mean over capped steps [tok]"] = cap.mean()
     out["capped steps fraction"] = cap.notna().mean() if not cap.empty else None
     out["cap hit ratio mean"] = series(run, CAP_HIT).mean()
+    k3, band = series(run, K3_KL), series(run, OUT_OF_BAND)
+    out[f"train-inference k3 KL mean ({K3_KL})"] = k3.mean()
+    out["train-inference k3 KL max over steps"] = k3.max()
+    out["tokens with train/rollout ratio outside [1/2, 2], mean share"] = band.mean()
     score = next((s for k in SCORE_KEYS if not (s := series(run, k)).empty), pd.Series(dtype="float64"))
     out["train reward mean (all steps)"] = score.mean()
     out[f"train reward mean (last {LAST_STEPS} steps)"] = score.iloc[-LAST_STEPS:].mean()

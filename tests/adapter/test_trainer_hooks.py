@@ -9,11 +9,12 @@ workers and vLLM servers need GPUs), so the tests call ``observe_batch`` with th
 import json
 
 import numpy as np
+import pytest
 import torch
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from recipe.adapter.columns import column_to_numpy
-from recipe.adapter.fields import CAP, PREDICTION, ROW_ID
+from recipe.adapter.fields import CAP, PREDICTION, ROLLOUT_STEP, ROW_ID
 from recipe.adapter.sampler import LengthAwareEpochSampler
 
 from recipe.testing.recipe_config import ROLLOUT_N as N_RESP
@@ -275,6 +276,21 @@ def test_budget_cap_warm_started_caps_the_first_epoch(tiny_artifacts, tmp_path, 
     assert all(8 < c[0] < 64 for c in wants) and len({c[0] for c in wants}) > 1, "binding caps, above the floor"
 
 
+def test_training_rows_carry_their_step_and_the_tail_cut_closes_the_gate_for_it(tiny_artifacts, tmp_path):
+    """Each training row carries the step it is launched for (``rollout_step``, the only step whose abort may cut
+    it); the tail cut watches that step, through the trainer's one StepAbort."""
+    trainer = make_trainer(tiny_artifacts, tmp_path, "recipe.tail_cut.enable=1")
+    assert trainer.tail_cut.abort is trainer.step_abort
+    trainer.global_steps = 5
+    batch = trainer._next_train_batch()
+    assert batch[ROLLOUT_STEP].dtype == torch.int64 and batch[ROLLOUT_STEP].tolist() == [5] * TRAIN_BATCH
+    started = {}
+    trainer.tail_cut.start = lambda manager, uids, level, step=None: started.update(uids=uids, step=step)
+    trainer.checkpoint_manager = None
+    trainer.on_sample_begin()
+    assert started == {"uids": [str(u) for u in batch["uid"]], "step": 5}
+
+
 def test_responses_stopped_by_the_tail_cut_are_traced_as_cut_and_censored(tiny_artifacts, tmp_path, tq_cluster):
     trainer = make_trainer(tiny_artifacts, tmp_path, "recipe.tail_cut.enable=1", "recipe.tail_cut.fraction=0.9")
     batch = trainer._next_train_batch()
@@ -349,3 +365,30 @@ def test_single_turn_steps_feed_no_tool_calls_and_order_by_tokens_logs_no_latenc
     meta = put_trajectories(tq_cluster, plain._next_train_batch(), true_len)
     metrics = plain.observe_batch(meta, gen_time_s=1.0)
     assert plain.length_sampler.time_key is None and "sampler/mean_tool_latency_s" not in metrics
+
+
+def test_mismatch_reads_the_trained_tokens_and_leaves_out_misaligned_records(tq_cluster):
+    """rollout/mismatch/*: the trainer's against the rollout's log-probs on the masked (trained) tokens only, from the
+    records as verl leaves them in TransferQueue (nested, one length per response); a record whose log-probs do not
+    line up with its mask is counted, never guessed at."""
+    from transfer_queue import KVBatchMeta
+
+    from recipe.adapter.trainer import MISALIGNED, LengthAwareTrainer
+    from recipe.core.mismatch import K3, OUT_OF_BAND
+
+    ln2 = float(np.log(2.0))
+    records = [  # (trainer's, rollout's, mask): d = 0, ln 2 + 0.1 (out of band), a masked-out huge gap, ln 2 - 0.1
+        ([-1.0, -1.0, -9.0], [-1.0, -1.1 - ln2, 0.0], [1, 1, 0]),
+        ([-2.0], [-1.9 - ln2], [1]),
+        ([-1.0, -1.0], [-1.0], [1, 1]),  # misaligned
+    ]
+    fields = [{"old_log_probs": torch.tensor(t), "rollout_log_probs": torch.tensor(r),
+               "response_mask": torch.tensor(m, dtype=torch.int64)} for t, r, m in records]
+    keys = [f"mm_{i}_0" for i in range(len(records))]
+    tags = [{"status": "success", "response_len": len(m)} for _, _, m in records]
+    tq_cluster.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
+    out = LengthAwareTrainer.mismatch(None, KVBatchMeta(partition_id="train", keys=keys, tags=tags))
+    d = np.array([0.0, ln2 + 0.1, ln2 - 0.1], dtype=np.float32).astype(np.float64)
+    assert out[K3] == pytest.approx(float(np.mean(np.expm1(d) - d)), rel=1e-5)
+    assert out[OUT_OF_BAND] == pytest.approx(1 / 3)
+    assert out[MISALIGNED] == 1.0

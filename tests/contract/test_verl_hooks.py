@@ -26,6 +26,8 @@ PARAMS = [
     (f"{BASE}._build_replay_buffer", ["self"], "LengthAwareTrainer._build_replay_buffer (poll interval)"),
     (f"{BASE}._compute_metrics", ["self", "batch", "metrics", "timing_raw", "global_steps", "epoch"],
      "LengthAwareTrainer._compute_metrics (progress line)"),
+    (f"{BASE}._compute_old_log_prob", ["self", "batch", "metrics"],
+     "LengthAwareTrainer._compute_old_log_prob (rollout/mismatch/* after verl writes old_log_probs)"),
     (f"{SYNC}.on_init_end", ["self"], "PPOTrainerSync hooks used by the trainer subclass"),
     (f"{SYNC}.on_sample_end", ["self"], "over-sample abort before replicas sleep"),
     (f"{BASE}.on_sample_begin", ["self"], "the tail cut's watch starts with the step's sampling"),
@@ -94,6 +96,13 @@ def test_dataloader_is_built_before_checkpoint_load():
                  "sampler state saved with each checkpoint")
 
 
+def test_old_log_probs_are_in_transfer_queue_when_compute_old_log_prob_returns():
+    check_order(f"{BASE}._compute_old_log_prob", 'data["old_log_probs"] = ', "return batch",
+                "LengthAwareTrainer.mismatch reads old_log_probs and rollout_log_probs after verl's method returns")
+    check_source(f"{BASE}._compute_old_log_prob", ['fields.extend(["responses", "rollout_log_probs"])'],
+                 "the rollout's log-probs are records' rollout_log_probs with calculate_log_probs")
+
+
 def test_step_runs_before_the_checkpoint_save():
     check_order(f"{BASE}.fit", "batch = self.step(", "self._save_checkpoint()",
                 "estimate updates in step() must be saved with the same step")
@@ -126,6 +135,18 @@ def test_train_batches_flow_through_next_train_batch():
     check_source(f"{BASE}._fetch_one_gen_batch", ["next(self.train_dataloader_it)", "iter(self.train_dataloader)",
                                                   "if self.train_dataloader_it is None:"],
                  "the sampler's epoch handling; OverSampleDriver.launch creates the iterator first after a resume")
+
+
+def test_validation_rows_never_pass_through_next_train_batch():
+    """Validation batches are built from the val dataloader directly, so they carry no ``rollout_step`` (nor cap or
+    seed): the rollout gate never cuts a validation trajectory, even one that starts while a worker's view of the
+    gate still shows the previous step's close (verl validates right after ``on_step_end`` reopens it)."""
+    check_source(f"{BASE}._validate", ["for batch_dict in self.val_dataloader:", "tu.get_tensordict(batch_dict)",
+                                       "self.agent_loop_manager.generate_sequences(batch)"],
+                 "recipe/adapter/fields.py ROLLOUT_STEP (validation rows must carry no step)")
+    assert "_next_train_batch" not in inspect.getsource(resolve(f"{BASE}._validate")), (
+        "verl's _validate now fetches through _next_train_batch: validation rows would carry a rollout_step; re-check "
+        "recipe/adapter/fields.py ROLLOUT_STEP")
 
 
 def test_row_fields_reach_agent_loop_and_transfer_queue():

@@ -160,7 +160,7 @@ def test_plots_draw_the_logged_data(runs_dir, tmp_path, inputs):
     assert np.allclose(frac_b * 24, np.histogram(all_b, bins=edges_b)[0])
 
     paths = write_plots([base, capped], tmp_path / "out")
-    assert sorted(paths) == ["cap.png", "response_length.png", "time_per_step.png", "val_score.png"]
+    assert sorted(paths) == ["cap.png", "mismatch.png", "response_length.png", "time_per_step.png", "val_score.png"]
     for p in paths.values():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
 
@@ -209,7 +209,7 @@ def test_script_end_to_end(runs_dir, tmp_path):
     assert "under cap; pass the run directory itself" in out.stdout
     report = tmp_path / "compare_base_vs_cap"  # default output: a new folder in the caller's directory
     assert {p.name for p in report.iterdir()} == {
-        "compare.md", "time_per_step.png", "response_length.png", "cap.png", "val_score.png"
+        "compare.md", "time_per_step.png", "response_length.png", "cap.png", "val_score.png", "mismatch.png"
     }
     assert "| gen time/step mean [s] | 14.67 | 15.67 |" in (report / "compare.md").read_text()
 
