@@ -28,7 +28,7 @@ RANDOM_MODEL = {"CPU_MODEL": "random"}
 
 # Checkpoints every 4 steps; the resampler run is killed mid-epoch 1 (steps 7-12) after global_step_8.
 CHECKPOINTS = {"SAVE_CKPT_ENABLE": "1", "TRAINER_SAVE_FREQ": "4", "MAX_CKPT_TO_KEEP": "10", **RANDOM_MODEL}
-CHECKPOINT, KILL_AFTER_STEP = 8, 10
+CHECKPOINT = 8
 
 # Over-sampling: 10 groups launched per step (8 + 25%), vLLM runs 16 sequences at a time, so the groups that lose the
 # race are still generating (or waiting) when they are aborted; one epoch and two steps into the next. A random
@@ -88,13 +88,12 @@ MT_RESUME = {"MULTI_TURN": "1", "SAVE_CKPT_ENABLE": "1", "TRAINER_SAVE_FREQ": "4
 
 
 def _multi_turn_resume(launcher: Launcher) -> Run:
-    return launcher.kill_and_relaunch("mt-resume", MT_RESUME, experiment="mt-resume", checkpoint=CHECKPOINT,
-                                      kill_after_step=KILL_AFTER_STEP)
+    return launcher.kill_and_relaunch("mt-resume", MT_RESUME, experiment="mt-resume", checkpoint=CHECKPOINT)
 
 
 def _resampler(launcher: Launcher) -> Run:
     return launcher.kill_and_relaunch("resampler", CHECKPOINTS, experiment="cpu-grpo-resampler",
-                                      checkpoint=CHECKPOINT, kill_after_step=KILL_AFTER_STEP)
+                                      checkpoint=CHECKPOINT)
 
 
 def _baseline(launcher: Launcher) -> Run:
