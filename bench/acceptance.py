@@ -23,7 +23,6 @@ Reproduce: ``.venv/bin/python bench/acceptance.py --data /tmp/acc_data/humaneval
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from recipe.report.sections import write_section  # noqa: E402
+from recipe.report.sections import section_main  # noqa: E402
 from recipe.sim.acceptance import Group, estimate  # noqa: E402
 
 SOURCE = ("CodeT (github.com/microsoft/CodeT), HumanEval_codegen16B_temp0.8_topp0.95_num100_max300_code_solution.jsonl"
@@ -139,22 +138,16 @@ def section(args) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--data", required=True, help="CodeT's HumanEval samples JSONL (see the module docstring)")
     ap.add_argument("--n", type=int, default=16, help="samples per group")
     ap.add_argument("--prompts", type=int, help="first N problems (default: all)")
     ap.add_argument("--vocab", type=int, default=16000, help="BPE vocabulary")
     ap.add_argument("--json-out", metavar="PATH", help="also write the estimator's report (for the simulator)")
-    ap.add_argument("--results", metavar="PATH", help="write the section into this markdown file")
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    text = section(args)
-    print(text)
-    if args.results:
-        write_section(Path(args.results), MARK_START, MARK_END, HEADING, text)
-    print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return 0
+
+
+def main(argv=None) -> int:
+    return section_main(__doc__, section, MARK_START, MARK_END, HEADING, argv, add_arguments)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,9 @@ bench/RESULTS.md`` (~5 min on 2 shared cores). The section goes between the ``sp
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from recipe.report.sections import write_section  # noqa: E402
+from recipe.report.sections import section_main  # noqa: E402
 from recipe.sim import trace as T  # noqa: E402
 from recipe.sim.engine import KV_TOKENS, EngineParams  # noqa: E402
 from recipe.sim.run import run_policy, summarize  # noqa: E402
@@ -115,17 +113,9 @@ def section(args) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--acceptance", required=True, help="bench/acceptance.py --json-out's file")
-    ap.add_argument("--results", metavar="PATH", help="write the section into this markdown file")
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    text = section(args)
-    print(text)
-    if args.results:
-        write_section(Path(args.results), MARK_START, MARK_END, HEADING, text)
-    print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return 0
+    return section_main(__doc__, section, MARK_START, MARK_END, HEADING, argv,
+                        lambda ap: ap.add_argument("--acceptance", required=True,
+                                                   help="bench/acceptance.py --json-out's file"))
 
 
 if __name__ == "__main__":

@@ -16,18 +16,22 @@ def write_section(path: Path, start: str, end: str, heading: str, text: str) -> 
     path.write_text(new)
 
 
-def section_main(doc: str, section, start: str, end: str, heading: str, argv: list[str] | None = None) -> int:
+def section_main(doc: str, section, start: str, end: str, heading: str, argv: list[str] | None = None,
+                 add_arguments=None) -> int:
     """The command line of a bench script that prints one results section and, with ``--results PATH``, writes it
-    between its markers there (``section()`` computes the text)."""
+    between its markers there (``section()`` computes the text; with ``add_arguments(parser)`` for the script's own
+    options, ``section(args)``)."""
     import argparse
     import sys
     import time
 
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if add_arguments is not None:
+        add_arguments(ap)
     ap.add_argument("--results", metavar="PATH", help="write the section into this markdown file")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    text = section()
+    text = section(args) if add_arguments is not None else section()
     print(text)
     if args.results:
         write_section(Path(args.results), start, end, heading, text)
