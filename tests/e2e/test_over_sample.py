@@ -48,39 +48,53 @@ def test_restart_regenerates_aborted_prompts(restart_without_sync_run):
     assert {m["training/off_policy/trajectory_spans/max"] for m in metrics.values()} == {1}
 
 
+def _sessions(rec: dict, row: int, trained: bool) -> dict[int, tuple[int, str]]:
+    """A row's responses in one step's trace, trained (first ``BATCH * N``) or aborted: session -> (tokens, finish)."""
+    part = slice(None, BATCH * N) if trained else slice(BATCH * N, None)
+    return {s: (n, f) for r, s, n, f in zip(rec["rows"][part], rec["sample_index"][part], rec["lengths"][part],
+                                            rec["finish"][part]) if r == row}
+
+
 def test_continue_resumes_genuinely_unfinished_responses(continue_run):
-    """A group aborted with every response unfinished (below that step's limit, no EOS: ``abort`` in the trace) is
-    resumed by the next step: each trained response is the partial response it was aborted with followed by the
-    rest (verl's dump of the trained text starts with the aborted text, the trace has more tokens for each: the
-    rest may be a lone EOS, which the text does not show) and spans two policy versions.
-    A resumed group that loses the race again has used its one resume (``max_resumes=1``) and restarts."""
+    """Each response an abort cut mid-way (below that step's limit, no EOS: ``abort`` in the trace) in a group kept
+    for resumption comes back the next step as its partial response followed by more: in the trained text verl
+    dumps, or, where the resumed group loses the race again, in that abort's partial text; the trace has more tokens
+    for it (the rest may be a lone EOS, which the text does not show). A response the abort found complete comes
+    back as it was. A trained group with a resumed response spans two policy versions; a group that loses the race
+    again has used its one resume (``max_resumes=1``) and restarts. Which responses an abort cuts is a race (most
+    finish before the driver sees its batch complete), so every cut response of the run is checked, wherever it
+    lands."""
     metrics, events, traces = continue_run.metrics(), continue_run.abort_events(), continue_run.traces()
-    aborted_at = {(e["step"], e["dataset_item_idx"]) for e in events}
+    event_at = {(e["step"], e["dataset_item_idx"]): e for e in events}
     checked, spanning = 0, set()
     for event in events:
         step, row = event["step"], event["dataset_item_idx"]
-        rec = traces[step]
-        finish = [f for r, f in zip(rec["rows"][BATCH * N:], rec["finish"][BATCH * N:]) if r == row]
-        if not event["resumes_next"] or finish != ["abort"] * N or step + 1 not in traces:  # last step: no resume
+        if not event["resumes_next"] or step + 1 not in traces:  # the last step: nothing resumes it
             continue
-        if (step + 1, row) in aborted_at:  # lost again: no second resume
-            assert not next(e for e in events if (e["step"], e["dataset_item_idx"]) == (step + 1, row))["resumes_next"]
-            continue
-        dump = continue_run.dumps / f"{step + 1}.jsonl"
-        trained = [json.loads(line) for line in dump.read_text().splitlines()]
+        before = _sessions(traces[step], row, trained=False)
+        again = event_at.get((step + 1, row))
+        if again is not None:  # lost again: no second resume; its abort shows the resumed text
+            assert not again["resumes_next"], f"row {row} resumed twice"
+            after = _sessions(traces[step + 1], row, trained=False)
+            texts = {s["session"]: s["text"] for s in again["sessions"]}
+        else:
+            after = _sessions(traces[step + 1], row, trained=True)
+            dump = continue_run.dumps / f"{step + 1}.jsonl"
+            dumped = [t for t in map(json.loads, dump.read_text().splitlines()) if t["input"] == event["prompt"]]
+            assert len(dumped) == N, f"row {row} resumed at step {step + 1}"
+            texts = {int(t["uid"].rsplit("_", 2)[1]): t["output"] for t in dumped}
+        assert sorted(after) == sorted(before) == list(range(N)) and sorted(texts) == list(range(N)), (step, row)
         for session in event["sessions"]:
-            match = [t for t in trained
-                     if t["input"] == event["prompt"] and int(t["uid"].rsplit("_", 2)[1]) == session["session"]]
-            assert len(match) == 1, f"row {row} resumed at step {step + 1}"
-            partial = session["text"].rstrip("\ufffd")  # a byte-level token may end mid-character
-            assert match[0]["output"].startswith(partial)
-        nxt = traces[step + 1]
-        lengths = sorted(n for r, n in zip(nxt["rows"][:BATCH * N], nxt["lengths"][:BATCH * N]) if r == row)
-        # if each session's response grew, the sorted lengths dominate the sorted partial lengths
-        assert all(a > b for a, b in zip(lengths, sorted(s["tokens"] for s in event["sessions"]))), (row, lengths)
-        checked += 1
-        spanning.add(step + 1)
-    assert checked, "no group was aborted mid-response and trained after its resume"
+            s, partial = session["session"], session["text"].rstrip("\ufffd")  # a byte-level token may end mid-character
+            (tokens, finish), (tokens_after, _) = before[s], after[s]
+            assert tokens == session["tokens"] and texts[s].startswith(partial), (step, row, s)
+            if finish == "abort":
+                assert tokens_after > tokens, (step, row, s)
+                checked += tokens > 0  # one still waiting for a slot when aborted resumes from nothing
+                spanning |= set() if again is not None else {step + 1}
+            else:
+                assert tokens_after == tokens, f"row {row} session {s}: a complete response was regenerated"
+    assert checked, "no response was cut mid-way by an abort and resumed"
     assert all(metrics[s]["training/off_policy/trajectory_spans/max"] == 2 for s in spanning)
     resumed = [s for s, m in metrics.items() if m["rollout/over_sample/resumed_groups"] > 0]
     assert set(resumed) >= spanning
