@@ -26,7 +26,13 @@ On vLLM CPU this holds only with ``recipe/cpu/vllm_plugin.py``'s expand fix (vLL
   the scheduled K equals ``num_speculative_tokens``, so suffix cannot follow a batch-size schedule: it drafts (up to
   K tokens, as its tree's match allows) at every batch size, full batches included. The fix is vLLM PR #46399.
 
-Both methods turn vLLM's async scheduling off for the whole run (``config/vllm.py``), a cost every step pays. verl's
+- ``group``: the recipe's own drafter (``recipe/drafting``, vLLM's ``custom_class`` proposer, no dependency): the
+  longest match (up to ``ROLLOUT_SPECULATIVE_SUFFIX_DEPTH`` tokens) of the context's end in the request's own context,
+  the running responses of its GRPO group on the same replica (``ROLLOUT_GROUP_AFFINITY=1`` keeps a group on one)
+  and up to ``ROLLOUT_SPECULATIVE_SUFFIX_CACHED`` finished responses, the same prompt's earlier epochs among them.
+  vLLM calls a custom proposer without the batch-size schedule's K, so it drafts at every batch size.
+
+All methods turn vLLM's async scheduling off for the whole run (``config/vllm.py``), a cost every step pays. verl's
 ``delta_sharded`` weight transfer refuses speculative decoding (``delta_weight_transfer.py``), so the preflight names
 that combination instead of letting the rollout workers fail.
 
@@ -39,7 +45,8 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
-METHODS = ("off", "ngram", "suffix")
+METHODS = ("off", "ngram", "suffix", "group")
+GROUP_PROPOSER = "recipe.drafting.vllm_proposer.GroupProposer"  # vLLM imports it by this path
 KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config"
 SCHEDULE = "num_speculative_tokens_per_batch_size"
 STATS_KEY = "actor_rollout_ref.rollout.disable_log_stats"  # False: vLLM's counters, read for rollout/spec_*
@@ -68,10 +75,12 @@ def speculative_config(v: Mapping[str, Any]) -> dict | None:
     if method == "off":
         return None
     out: dict[str, Any] = {"method": method, "num_speculative_tokens": v["ROLLOUT_SPECULATIVE_TOKENS"]}
+    if method == "group":
+        out.update(method="custom_class", model=GROUP_PROPOSER)
     if method == "ngram":
         out["prompt_lookup_min"] = v["ROLLOUT_SPECULATIVE_NGRAM_MIN"]
         out["prompt_lookup_max"] = v["ROLLOUT_SPECULATIVE_NGRAM_MAX"]
-    elif method == "suffix":
+    elif method in ("suffix", "group"):
         out["suffix_decoding_max_tree_depth"] = v["ROLLOUT_SPECULATIVE_SUFFIX_DEPTH"]
         out["suffix_decoding_max_cached_requests"] = v["ROLLOUT_SPECULATIVE_SUFFIX_CACHED"]
     schedule = batch_schedule(v["ROLLOUT_SPECULATIVE_TOKENS"], v["ROLLOUT_SPECULATIVE_MAX_BATCH"],
@@ -92,6 +101,8 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
+    if all(part.isidentifier() for part in text.split(".")) and "." in text:  # a module path: quoted
+        return f"'{text}'"
     if not text.replace("_", "").isalnum():
         raise ValueError(f"{text!r} is not a plain word")
     return text
@@ -166,6 +177,10 @@ def problems(cfg: Mapping) -> list[str]:
         out.append(arctic)
     schedule = spec.get(SCHEDULE)
     if schedule is not None:
+        if method == "custom_class":
+            out.append(f"{ENV['method']}=group with {ENV['max_batch']} (vLLM's {SCHEDULE}): vLLM calls a custom "
+                       "proposer without the schedule's number of draft tokens (v1/worker/gpu_model_runner.py "
+                       f"propose_draft_token_ids), so it would draft above the schedule; export {ENV['max_batch']}=0")
         if method == "suffix":
             out.append(f"{ENV['method']}=suffix with {ENV['max_batch']} (vLLM's {SCHEDULE}): vLLM's suffix proposer "
                        "asserts a fixed number of draft tokens (vllm/v1/spec_decode/suffix_decoding.py propose), so "

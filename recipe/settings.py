@@ -1,9 +1,9 @@
 """The recipe's own configuration, parsed and checked in one place.
 
 The recipe YAML (``configs/length_aware_grpo.yaml``) adds two sections to verl's config: ``data.sampler`` (the
-seed-compatible sampler keys) and ``recipe`` (cap, over-sample, traces). This module turns them into frozen
-dataclasses and rejects bad values with a message naming the key (and the environment variable that feeds it) and
-the fix, before Ray or any GPU work starts. Pure Python: it takes plain mappings (``OmegaConf.to_container``).
+seed-compatible sampler keys) and ``recipe`` (cap, over-sample, traces, token records). This module turns them into
+frozen dataclasses and rejects bad values with a message naming the key (and the environment variable that feeds it)
+and the fix, before Ray or any GPU work starts. Pure Python: it takes plain mappings (``OmegaConf.to_container``).
 """
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ ENV_OF_KEY = {
     "data.train_batch_size": "TRAIN_BATCH_SIZE",
     "data.gen_batch_size": "GEN_BATCH_SIZE",
     "recipe.sampling_seed": "ROLLOUT_SAMPLING_SEED",
+    "recipe.record_tokens.enable": "RECORD_TOKENS",
+    "recipe.record_tokens.max_mb": "RECORD_TOKENS_MAX_MB",
 }
 
 
@@ -186,12 +188,26 @@ class TraceSettings:
 
 
 @dataclass(frozen=True)
+class TokenRecordSettings:
+    """``recipe.record_tokens``: each trained response's token ids per step (``recipe/token_record.py``)."""
+
+    enabled: bool
+    max_mb: int  # the recording stops (never truncates) once its directory would pass this
+    path: str | None  # None: <trainer.default_local_dir>/tokens
+
+    @property
+    def max_bytes(self) -> int:
+        return self.max_mb * 2**20
+
+
+@dataclass(frozen=True)
 class RecipeSettings:
     sampler: SamplerSettings
     cap: CapSettings
     over_sample: OverSampleSettings
     tail_cut: TailCutSettings
     traces: TraceSettings
+    record_tokens: TokenRecordSettings
     response_length: int
     poll_interval_s: float  # verl's replay buffer: how often it polls TransferQueue for finished groups
     sampling_seed: int | None  # per-response vLLM seeds from (seed, epoch, row, sample); None: the engine's RNG
@@ -332,6 +348,15 @@ def parse_tail_cut(cfg: Mapping, over_sample: OverSampleSettings, sampler_enable
     return out
 
 
+def parse_record_tokens(cfg: Mapping) -> TokenRecordSettings:
+    r = select(cfg, "recipe.record_tokens", {}) or {}
+    return TokenRecordSettings(
+        enabled=as_bool(r.get("enable", False), "recipe.record_tokens.enable"),
+        max_mb=as_int(r.get("max_mb", 1024), "recipe.record_tokens.max_mb", minimum=1),
+        path=_optional_str(r.get("path")),
+    )
+
+
 def parse_settings(cfg: Mapping) -> RecipeSettings:
     """Parse and cross-check the recipe keys of a resolved config (a plain nested dict)."""
     sampler = parse_sampler(cfg)
@@ -361,6 +386,7 @@ def parse_settings(cfg: Mapping) -> RecipeSettings:
         over_sample=(over_sample := parse_over_sample(cfg, sampler.enabled)),
         tail_cut=parse_tail_cut(cfg, over_sample, sampler.enabled),
         traces=TraceSettings(enabled=as_bool(t.get("enable", True), "recipe.traces.enable"), path=t.get("path")),
+        record_tokens=parse_record_tokens(cfg),
         response_length=response_length,
         poll_interval_s=as_float(select(cfg, "recipe.replay_buffer.poll_interval_s", 0.2),
                                  "recipe.replay_buffer.poll_interval_s", low=0, low_open=True, high=10),

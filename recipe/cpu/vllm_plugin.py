@@ -24,6 +24,15 @@ A third defect breaks speculative decoding (``ROLLOUT_SPECULATIVE``) at temperat
    drawn from a wrong distribution, and with verl's ``logprobs_mode=processed_logprobs`` its logprob is wrong too.
    Fix: a pure-torch expand in its place (:func:`fix_spec_expand_kernel`), only where a probe shows the defect;
    ``RECIPE_VLLM_CPU_EXPAND_FIX=0`` keeps vLLM's shim (to reproduce the defect).
+
+A fourth makes MoE routing replay R3 (verl's ``enable_rollout_routing_replay`` -> vLLM's
+``enable_return_routed_experts``) impossible on the CPU:
+
+4. ``bind_routed_experts_capturer`` (``fused_moe/routed_experts_capturer.py``) sets a capture callback on each MoE
+   layer's router, or on the kernel of a monolithic MoE layer if the kernel says it supports capture. The CPU experts
+   are monolithic (they route inside ``apply``: ``CPUUnquantizedExperts._select_experts``,
+   ``fused_moe/experts/cpu_moe.py``) and say they don't, so the engine refuses to start ("Routed-experts capture is not
+   supported with monolithic MoE kernel CPUUnquantizedExperts"). Fix: :func:`capture_cpu_routing`.
 """
 from __future__ import annotations
 
@@ -68,6 +77,33 @@ def repack_moe_on_update() -> None:
 
     setattr(process_weights_after_loading, MARK, True)
     method.process_weights_after_loading = process_weights_after_loading
+
+
+def capture_cpu_routing() -> None:
+    """Let the unquantized CPU experts (and their x86 / Arm / Power subclasses) report the top-k expert ids they route
+    each token to. On the GPU the router hands its ids to the capture callback before the experts run
+    (``BaseRouter._select_experts``); the CPU kernel selects its experts itself, so the callback that vLLM's
+    ``set_capture_fn`` stores on the kernel is called here with the ids its forward then uses (logical ids, unsorted
+    within a token as ``torch.topk(sorted=False)`` returns them; no EPLB on the CPU). Quantized CPU experts (FP8, INT4,
+    INT8, MXFP4) keep vLLM's refusal."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    original = CPUUnquantizedExperts._select_experts
+    if _marked(original):
+        return
+
+    def _select_experts(self, *args, **kwargs):
+        topk_weights, topk_ids = original(self, *args, **kwargs)
+        if self.routing_replay_capture_fn is not None:
+            self.routing_replay_capture_fn(topk_ids)
+        return topk_weights, topk_ids
+
+    def supports_routing_replay_capture(self) -> bool:
+        return True
+
+    setattr(_select_experts, MARK, True)
+    CPUUnquantizedExperts._select_experts = _select_experts
+    CPUUnquantizedExperts.supports_routing_replay_capture = supports_routing_replay_capture
 
 
 def expand_tokens(output, input_val, cu_num_tokens, replace_from, replace_to,
@@ -142,3 +178,4 @@ def apply() -> None:
     keep_linear_weights()
     repack_moe_on_update()
     fix_spec_expand_kernel()
+    capture_cpu_routing()

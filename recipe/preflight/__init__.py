@@ -40,7 +40,7 @@ from .model import model_config
 from .overrides import RunPaths, build_overrides, run_paths
 from .report import PreflightReport, dump, format_report, summary_table, write_plan
 from .reward import check_reward
-from .rollout import check_rollout
+from .rollout import check_rollout, group_drafter_memory
 from .router_replay import check_router_replay, routing_memory_note
 from .stack import check_stack
 from .tools import check_tools, node_memory_bytes
@@ -106,6 +106,7 @@ def _check_config(cfg, values: dict, report: PreflightReport) -> None:
     check_rollout(c, hf, layout["world"], errors)
     check_router_replay(c, hf, errors, notes)
     routing_memory_note(c, hf, notes, node_memory_bytes())
+    group_drafter_memory(c, errors, notes, node_memory_bytes())
     check_batches(c, layout["dp"], errors)
     cap_note(c, notes)
     check_data(c, select(c, "data.train_batch_size"), errors, notes)

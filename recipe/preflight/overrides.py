@@ -229,6 +229,8 @@ def _arms(v: dict) -> list[str]:
         f"recipe.tail_cut.fraction={v['TAIL_CUT_FRACTION']}",
         f"recipe.tail_cut.level_exponent={v['TAIL_CUT_LEVEL_EXPONENT']}",
         f"recipe.tail_cut.max_extra_truncation={v['TAIL_CUT_MAX_EXTRA_TRUNCATION']}",
+        f"recipe.record_tokens.enable={int(v['RECORD_TOKENS'])}",
+        f"recipe.record_tokens.max_mb={v['RECORD_TOKENS_MAX_MB']}",
         "recipe.sampling_seed=" + ("null" if v["ROLLOUT_SAMPLING_SEED"] is None else str(v["ROLLOUT_SAMPLING_SEED"])),
     ]
 

@@ -48,3 +48,36 @@ def check_rollout(cfg: Mapping, hf: dict | None, world: int, errors: list[str]) 
                       "CPU config's default) or unset ROLLOUT_SAMPLING_SEED")
     # speculative decoding (ROLLOUT_SPECULATIVE or a user's own engine_kwargs.vllm.speculative_config)
     errors.extend(speculative_problems(cfg))
+
+
+# recipe/drafting/corpus.py keeps up to ~28 bytes per token of the texts it holds per window length
+# (bench/group_drafter.py on sampled code: 203 B per token at depth 8, 645 at depth 24)
+GROUP_BYTES_PER_TOKEN_AND_DEPTH = 28
+
+
+def group_drafter_memory(cfg: Mapping, errors: list[str], notes: list[str], node_memory: int | None) -> None:
+    """``ROLLOUT_SPECULATIVE=group``: each replica's drafting corpus lives in host memory, bounded by the finished
+    responses it keeps (``ROLLOUT_SPECULATIVE_SUFFIX_CACHED``) plus the running ones, each up to a prompt and a
+    response long; the bound for one node's replicas is stated, and refused above a quarter of its memory."""
+    from ..core.routing_cost import WARN_SHARE_OF_NODE_MEMORY, fmt_bytes
+    from ..rollout_spec import GROUP_PROPOSER, KEY
+
+    spec = select(cfg, KEY)
+    if not isinstance(spec, Mapping) or spec.get("model") != GROUP_PROPOSER:
+        return
+    r = lambda k: select(cfg, f"{ARR}.rollout.{k}")  # noqa: E731
+    texts = spec.get("suffix_decoding_max_cached_requests", 0) + r("max_num_seqs")
+    tokens = select(cfg, "data.max_prompt_length") + select(cfg, "data.max_response_length")
+    per_replica = texts * tokens * spec.get("suffix_decoding_max_tree_depth", 1) * GROUP_BYTES_PER_TOKEN_AND_DEPTH
+    gpus = r("tensor_model_parallel_size") * (r("data_parallel_size") or 1) * (r("pipeline_model_parallel_size") or 1)
+    per_node = per_replica * max(1, select(cfg, "trainer.n_gpus_per_node") // gpus)
+    what = (f"ROLLOUT_SPECULATIVE=group keeps up to {fmt_bytes(per_node)} of drafting corpus per node "
+            f"({fmt_bytes(per_replica)} per replica: (ROLLOUT_SPECULATIVE_SUFFIX_CACHED + ROLLOUT_MAX_NUM_SEQS) x "
+            f"(MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) x ROLLOUT_SPECULATIVE_SUFFIX_DEPTH x "
+            f"{GROUP_BYTES_PER_TOKEN_AND_DEPTH} B, at most: most responses end sooner)")
+    if node_memory and per_node > WARN_SHARE_OF_NODE_MEMORY * node_memory:
+        errors.append(f"{what}, more than {WARN_SHARE_OF_NODE_MEMORY:.0%} of this node's {fmt_bytes(node_memory)}: "
+                      "lower ROLLOUT_SPECULATIVE_SUFFIX_CACHED (the prompt's history shrinks) or "
+                      "ROLLOUT_SPECULATIVE_SUFFIX_DEPTH")
+    else:
+        notes.append(what)

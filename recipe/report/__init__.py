@@ -2,9 +2,10 @@
 each run's config.
 
 Entry points: ``scripts/compare_runs.sh`` / ``python -m recipe.report`` (``cli.main``), or from Python
-``load_run`` -> ``render_config_diff``, ``compare`` -> ``render_markdown`` and ``write_plots``.
+``load_run`` -> ``render_config_diff``, ``compare`` -> ``render_markdown``, ``drafter_section`` and ``write_plots``.
 """
 from recipe.report.cli import main
+from recipe.report.drafters import drafter_section
 from recipe.report.load import Run, RunLogsError, find_logs, load_run, read_metrics
 from recipe.report.plots import (
     plot_cap,
@@ -36,6 +37,7 @@ __all__ = [
     "compare",
     "cumulative_time",
     "diff",
+    "drafter_section",
     "find_config",
     "find_logs",
     "is_arm_switch",

@@ -1,7 +1,8 @@
 """Command line: ``scripts/compare_runs.sh RUN_A RUN_B [--out DIR] [--names A,B]`` (or ``python -m recipe.report``).
 
-Prints which config keys differ (warning about any outside the arms' own switches), then the markdown table, and
-writes both, with the PNG plots, to a directory of its own (default ``./compare_<A>_vs_<B>/``) so a report never
+Prints which config keys differ (warning about any outside the arms' own switches), then the markdown table (and,
+for runs that recorded their token ids, the speculative drafters' estimate: ``recipe/report/drafters.py``), and
+writes them, with the PNG plots, to a directory of its own (default ``./compare_<A>_vs_<B>/``) so a report never
 writes into, or over, a run's data.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import re
 from pathlib import Path
 
+from recipe.report.drafters import drafter_section
 from recipe.report.load import RunLogsError, load_run
 from recipe.report.plots import write_plots
 from recipe.report.run_config import render_config_diff
@@ -57,10 +59,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     table = render_markdown(compare(a, b), (a.name, b.name))
     sources = render_sources(runs)
     paths = write_plots(runs, out)
-    report = f"# {b.name} vs {a.name}\n\n{config}\n## Metrics\n\n{table}\n## Sources\n\n{sources}"
+    drafters = drafter_section(runs)
+    report = f"# {b.name} vs {a.name}\n\n{config}\n## Metrics\n\n{table}\n"
+    if drafters:  # only where a run recorded its token ids (RECORD_TOKENS=1)
+        report += f"{drafters}\n"
+    report += f"## Sources\n\n{sources}"
     (out / "compare.md").write_text(report)
     print(config)
     print(table)
+    if drafters:
+        print(drafters)
     print(sources)
     print(f"Wrote {out / 'compare.md'} and {', '.join(str(p) for p in paths.values())}")
     return 0

@@ -17,12 +17,13 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from . import trace as T
 from .engine import GPU_MEMORY_BYTES, GPU_MEMORY_UTILIZATION, EngineParams, fit_engine, kv_tokens_per_replica
 from .policies import POLICIES
 from .run import simulate, warm_epochs
-from .speculation import PUBLISHED_ACCEPTANCE, SpecCost
+from .speculation import PUBLISHED_ACCEPTANCE, AcceptanceCurve, SpecCost
 
 DEFAULT_POLICIES = "baseline,seed,best-onpolicy,tailcut-budget,best-onpolicy-spec,best,oracle"
 MOONSHOT_SPEEDUP = 1.5
@@ -81,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--acceptance-length", type=float, default=ds.tau,
                       help="mean tokens emitted per verify step, bonus included (default: EAGLE-3 on Qwen3-30B-A3B at "
                            f"batch 1, AngelSlim; published: {PUBLISHED_ACCEPTANCE})")
+    spec.add_argument("--acceptance-curve", metavar="PATH",
+                      help="measured acceptance instead of --acceptance-length: the JSON of `python -m "
+                           "recipe.sim.acceptance --json` (or bench/acceptance.py --json-out), tokens per step by "
+                           "position for --drafter")
+    spec.add_argument("--drafter", help="the drafter's name in --acceptance-curve's report, e.g. "
+                                        "suffix:own+group+history:k=4:depth=24:min=1")
+    spec.add_argument("--spec-draft-s-per-context-token", type=float, default=ds.draft_s_per_token,
+                      help="CPU seconds per context token of a drafting sequence and step (vLLM's ngram scan; 0 for "
+                           "a corpus drafter)")
+    spec.add_argument("--spec-draft-s-per-new-token", type=float, default=ds.draft_s_per_new_token,
+                      help="CPU seconds per emitted token of a drafting sequence (a corpus drafter such as "
+                           "ROLLOUT_SPECULATIVE=group: bench/group_drafter.py measures it)")
     spec.add_argument("--spec-k", type=int, default=ds.k, help="draft tokens per verify step")
     spec.add_argument("--spec-rho", type=float, default=ds.rho,
                       help="share of a sequence's draft tokens that touch new experts (Cohere: ~0.6)")
@@ -128,9 +141,21 @@ def engine_params(args) -> tuple[EngineParams, dict | None]:
 
 
 def spec_cost(args) -> SpecCost:
+    curve = None
+    if (args.acceptance_curve is None) != (args.drafter is None):
+        raise SystemExit("speculation: --acceptance-curve and --drafter go together (the report and the drafter "
+                         "in it)")
     try:
+        if args.acceptance_curve is not None:
+            try:
+                report = json.loads(Path(args.acceptance_curve).read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ValueError(f"--acceptance-curve {args.acceptance_curve}: {exc}") from None
+            curve = AcceptanceCurve.from_report(report, args.drafter, source=f"{args.acceptance_curve}: {args.drafter}")
         return SpecCost.for_gpu(args.gpu, tau=args.acceptance_length, k=args.spec_k, rho=args.spec_rho,
-                                t0=args.spec_t0, sync_penalty=args.spec_sync_penalty)
+                                t0=args.spec_t0, sync_penalty=args.spec_sync_penalty,
+                                draft_s_per_token=args.spec_draft_s_per_context_token,
+                                draft_s_per_new_token=args.spec_draft_s_per_new_token, curve=curve)
     except ValueError as exc:
         raise SystemExit(f"speculation: {exc}") from None
 
@@ -282,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                   "response_length": trace.response_length, "params": trace.params, "summary": trace.summary()},
         "engine": {**engine.to_dict(), **({"fit": fit} if fit else {})},
         # what the policies that speculate assume (recipe.sim.speculation.SpecCost; tau: the acceptance length)
-        "speculation": {**dataclasses.asdict(cost), "acceptance_length": cost.tau,
-                        "acceptance_length_source": ACCEPTANCE_SOURCES.get(cost.tau, "set with --acceptance-length"),
+        "speculation": {**dataclasses.asdict(cost), "acceptance_length": cost.tau if cost.curve is None else None,
+                        "acceptance_length_source": (cost.curve.source if cost.curve is not None else
+                                                     ACCEPTANCE_SOURCES.get(cost.tau, "set with --acceptance-length")),
                         "published_acceptance": PUBLISHED_ACCEPTANCE},
         "batch_size": args.batch_size,
         "seed": args.seed,

@@ -29,12 +29,14 @@ Drafters (``Drafter.parse``; ``k`` the most tokens proposed per step):
   This is a longest-match stand-in for arctic-inference's suffix trees, which choose among continuations by
   frequency and cap the draft by the match length: it shows where the repeats are, not that tree's exact drafts.
 
-Input: JSONL, one group per line, ``{"prompt_id", "epoch" (optional, default 0), "prompt": [ids],
-"responses": [[ids], ...]}``; a history source sees the groups of the same ``prompt_id`` at lower epochs, and drafters
-with ``history`` are reported over the groups that have one. Output: tokens per target step (all steps, the prefill
-one included), the acceptance length over the drafted steps (1 + accepted / drafts, what vLLM's counters give), and
-tokens per step by the position in the response where a step starts, each with a bootstrap interval over prompts
-(a group's responses are correlated, so groups are the unit resampled).
+Input: JSONL (gzip if ``.gz``), one group per line, ``{"prompt_id", "epoch" (optional, default 0), "prompt": [ids],
+"responses": [[ids], ...]}``, or the directory of ``step_*.jsonl.gz`` a ``RECORD_TOKENS=1`` training run writes
+(``<run>/tokens``, ``recipe/token_record.py``), read in step order; a history source sees the groups of the same
+``prompt_id`` at lower epochs, and drafters with ``history`` are reported over the groups that have one. Output:
+tokens per target step (all steps, the prefill one included), the acceptance length over the drafted steps
+(1 + accepted / drafts, what vLLM's counters give), and tokens per step by the position in the response where a
+step starts, each with a bootstrap interval over prompts (a group's responses are correlated, so groups are the
+unit resampled).
 
 n-grams are compared by 64-bit random-coefficient hashes (a false match has probability ~2^-64 per comparison); the
 match tables are numpy over every position at once, and only the walk itself is a Python loop over verify steps:
@@ -43,13 +45,16 @@ match tables are numpy over every position at once, and only the walk itself is 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from ..token_record import step_files
 
 SOURCES = ("own", "group", "history")
 SHIPPED_NGRAM = {"k": 4, "min": 1, "max": 3}  # recipe/preflight/knobs.py's ROLLOUT_SPECULATIVE_* defaults
@@ -67,18 +72,35 @@ class Group:
     epoch: int = 0
 
 
+def record_lines(path: str | Path) -> Iterator[tuple[str, str]]:
+    """(where, line) of every non-empty line of the input: a JSONL file, a gzip one (``.gz``) or a directory of
+    ``step_*.jsonl.gz`` files (``RECORD_TOKENS=1``'s ``<run>/tokens``, ``recipe/token_record.py``), in step order."""
+    path = Path(path)
+    files = step_files(path) if path.is_dir() else [path]
+    if not files:
+        raise ValueError(f"{path}: no step_*.jsonl.gz files (a RECORD_TOKENS=1 run writes them to <run>/tokens)")
+    for file in files:
+        no = 0
+        try:
+            with (gzip.open(file, "rt", encoding="utf-8") if file.suffix == ".gz" else open(file, encoding="utf-8")
+                  ) as f:
+                for no, line in enumerate(f, 1):
+                    if line.strip():
+                        yield f"{file}:{no}", line
+        except (EOFError, gzip.BadGzipFile) as exc:  # a cut or foreign .gz: name it (EOFError is no OSError)
+            raise ValueError(f"{file}:{no + 1}: unreadable gzip ({exc})") from None
+
+
 def load_groups(path: str | Path) -> list[Group]:
-    """Read the JSONL input (see the module docstring); a bad line names its number and the key to fix."""
+    """Read the input (see the module docstring and ``record_lines``); a bad line names its file, its number and
+    the key to fix."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{no}: not JSON ({exc})") from None
-            out.append(group_from_record(rec, f"{path}:{no}"))
+    for where, line in record_lines(path):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not JSON ({exc})") from None
+        out.append(group_from_record(rec, where))
     if not out:
         raise ValueError(f"{path}: no groups (want one JSON object per line with prompt_id, prompt, responses)")
     return out
@@ -480,7 +502,8 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipe.sim.acceptance", description=__doc__.splitlines()[0])
-    ap.add_argument("path", help="JSONL: one group per line {prompt_id, epoch?, prompt: [ids], responses: [[ids]]}")
+    ap.add_argument("path", help="JSONL (or .jsonl.gz): one group per line {prompt_id, epoch?, prompt: [ids], "
+                    "responses: [[ids]]}; or a RECORD_TOKENS=1 run's tokens/ directory of step_*.jsonl.gz")
     ap.add_argument("--drafter", action="append", metavar="SPEC",
                     help=f"repeatable; default: {', '.join(DEFAULT_DRAFTERS)}")
     ap.add_argument("--buckets", default=",".join(map(str, BUCKETS)), help="step start positions, ascending from 0")

@@ -49,6 +49,9 @@ Charged besides the roofline (each an input with its source, none measured on a 
   context per step (KMP): seconds per context token, measured on this CPU with vLLM's own ``batch_propose_numba``
   (``bench/acceptance.py``: ~1.3 ns per token in the least loaded run, 1.2-3 ns on these shared cores; ~2.6 ms
   per step at 256 requests of 8000 tokens). With async scheduling off it adds to the step.
+- ``draft_s_per_new_token``: a drafter that keeps a corpus (``ROLLOUT_SPECULATIVE=group``, ``recipe/drafting``)
+  pays per token a request emits (its index update, then a lookup), not per context token: measured per response
+  token on this CPU by ``bench/group_drafter.py``; 0 for the others.
 - ``graph_penalty``: a batch-size schedule (``ROLLOUT_SPECULATIVE_MAX_BATCH``, the tail mode) makes vLLM capture
   PIECEWISE CUDA graphs instead of FULL_AND_PIECEWISE (``config/vllm.py``, the probe's notes): attention then runs
   outside the graph on every step of the run. Default 0.03 of a step, an assumption (attention launches are a few
@@ -148,6 +151,9 @@ class SpecCost:
     # Added to every decode step of a run that speculates, drafting or not (async scheduling off; see the docstring)
     sync_penalty: float = SYNC_PENALTY
     draft_s_per_token: float = DRAFT_S_PER_TOKEN  # CPU drafting seconds per context token of a drafting sequence
+    # CPU seconds per token a drafting sequence emits: a corpus updated as text arrives (the group drafter,
+    # bench/group_drafter.py) instead of a scan of the context
+    draft_s_per_new_token: float = 0.0
     graph_penalty: float = GRAPH_PENALTY  # every step of a run with a batch-size schedule (tail mode)
     curve: AcceptanceCurve | None = None  # measured acceptance by position: replaces tau and k where given
     prompt_len: int = 256  # context minus this is the curve's position (EngineParams.prompt_len's default)
@@ -158,9 +164,9 @@ class SpecCost:
         if self.curve is None and not 1.0 <= self.tau <= self.k + 1:
             raise ValueError(f"acceptance length tau={self.tau} must lie in [1, k + 1 = {self.k + 1}]")
         if (not 0 <= self.rho <= 1 or self.t0 < 0 or self.bandwidth <= 0 or self.flops <= 0 or self.sync_penalty < 0
-                or self.draft_s_per_token < 0 or self.graph_penalty < 0):
-            raise ValueError("rho must lie in [0, 1], t0 >= 0, bandwidth and flops > 0, sync_penalty and "
-                             "draft_s_per_token >= 0")
+                or self.draft_s_per_token < 0 or self.draft_s_per_new_token < 0 or self.graph_penalty < 0):
+            raise ValueError("rho must lie in [0, 1], t0 >= 0, bandwidth and flops > 0, sync_penalty, "
+                             "draft_s_per_token and draft_s_per_new_token >= 0")
 
     @classmethod
     def for_gpu(cls, gpu: str, **kw) -> SpecCost:
@@ -208,7 +214,7 @@ class Speculation:
         else:
             tau, k = c.curve.at(ctx - c.prompt_len)
         plain = self.cost.step_time(r, 0, ctx)
-        draft_cpu = self.cost.draft_s_per_token * r * ctx
+        draft_cpu = self.cost.draft_s_per_token * r * ctx + self.cost.draft_s_per_new_token * r * tau
         f = (self.cost.step_time(r, k, ctx) + draft_cpu) / (tau * plain)
         if self.max_batch is not None:
             f = np.where(r <= self.max_batch, f, 1.0)

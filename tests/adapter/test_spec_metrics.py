@@ -25,25 +25,30 @@ vllm:generation_tokens_total{engine="0",model_name="tiny model"} 500.0
 
 
 def test_parse_sums_engines_and_ignores_other_series():
-    assert sm.parse_counters(EXPOSITION) == {"drafts": 16.0, "draft_tokens": 64.0, "accepted_tokens": 16.0}
-    assert sm.parse_counters("vllm:generation_tokens_total 3.0\n") == {}
+    assert sm.parse_counters(EXPOSITION) == {"drafts": 16.0, "draft_tokens": 64.0, "accepted_tokens": 16.0,
+                                             "generation_tokens": 500.0}
+    assert sm.parse_counters("vllm:generation_tokens_total 3.0\n") == {"generation_tokens": 3.0}
     assert sm.parse_counters("vllm:spec_decode_num_drafts_total 3.0\n") == {"drafts": 3.0}  # no labels
 
 
 def test_step_metrics_are_the_difference():
-    before = {"a:1": {"drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 10.0}}
-    after = {"a:1": {"drafts": 30.0, "draft_tokens": 120.0, "accepted_tokens": 30.0}}
+    before = {"a:1": {"drafts": 10.0, "draft_tokens": 40.0, "accepted_tokens": 10.0, "generation_tokens": 100.0}}
+    after = {"a:1": {"drafts": 30.0, "draft_tokens": 120.0, "accepted_tokens": 30.0, "generation_tokens": 200.0}}
     m = sm.step_metrics(before, after)
+    # 100 tokens in 80 steps: 20 drafted (2 tokens each), 60 not (a tail-only schedule, or no match)
     assert m == {"rollout/spec_drafts": 20.0, "rollout/spec_draft_tokens": 80.0, "rollout/spec_accepted_tokens": 20.0,
-                 "rollout/spec_draft_acceptance_rate": 0.25, "rollout/spec_acceptance_length": 2.0}
+                 "rollout/spec_generation_tokens": 100.0, "rollout/spec_draft_acceptance_rate": 0.25,
+                 "rollout/spec_acceptance_length": 2.0, "rollout/spec_tokens_per_step": 1.25}
     assert sm.step_metrics(None, after) == {} and sm.step_metrics(after, None) == {}
     idle = sm.step_metrics(after, after)
     assert idle["rollout/spec_draft_acceptance_rate"] == 0.0 and idle["rollout/spec_acceptance_length"] == 1.0
-    assert sm.trace_fields(m) == {"drafts": 20, "draft_tokens": 80, "accepted_tokens": 20, "acceptance_length": 2.0}
+    assert idle["rollout/spec_tokens_per_step"] == 1.0
+    assert sm.trace_fields(m) == {"drafts": 20, "draft_tokens": 80, "accepted_tokens": 20, "acceptance_length": 2.0,
+                                  "tokens_per_step": 1.25}
     assert sm.trace_fields({}) is None
 
 
-COUNTS = {"drafts": 100.0, "draft_tokens": 400.0, "accepted_tokens": 100.0}
+COUNTS = {"drafts": 100.0, "draft_tokens": 400.0, "accepted_tokens": 100.0, "generation_tokens": 1000.0}
 
 
 def test_a_replica_whose_counters_went_down_leaves_the_step_without_metrics(caplog):
@@ -51,8 +56,9 @@ def test_a_replica_whose_counters_went_down_leaves_the_step_without_metrics(capl
     the step gets no acceptance metrics (and a warning naming it), even where the sum over the replicas still grew
     (replica b's growth hides a's reset in the totals) or only one counter went down."""
     before = {"a:1": COUNTS, "b:2": COUNTS}
-    restarted = {"a:1": {"drafts": 2.0, "draft_tokens": 8.0, "accepted_tokens": 1.0},
-                 "b:2": {"drafts": 300.0, "draft_tokens": 1200.0, "accepted_tokens": 300.0}}
+    restarted = {"a:1": {"drafts": 2.0, "draft_tokens": 8.0, "accepted_tokens": 1.0, "generation_tokens": 9.0},
+                 "b:2": {"drafts": 300.0, "draft_tokens": 1200.0, "accepted_tokens": 300.0,
+                         "generation_tokens": 3000.0}}
     with caplog.at_level(logging.WARNING, logger=sm.__name__):
         assert sm.step_metrics(before, restarted) == {}
     assert "http://a:1/metrics went down" in caplog.text and "b:2" not in caplog.text
@@ -61,7 +67,8 @@ def test_a_replica_whose_counters_went_down_leaves_the_step_without_metrics(capl
     assert sm.step_metrics(before, {"b:2": COUNTS}) == {}  # a replica gone: its counts since before are unknown
     # a replica first read after the step's start started in between: all its counts are the step's
     grown = sm.step_metrics({"a:1": COUNTS}, {"a:1": COUNTS, "b:2": {"drafts": 4.0, "draft_tokens": 16.0,
-                                                                       "accepted_tokens": 8.0}})
+                                                                       "accepted_tokens": 8.0,
+                                                                       "generation_tokens": 20.0}})
     assert grown["rollout/spec_drafts"] == 4.0 and grown["rollout/spec_acceptance_length"] == 3.0
 
 
@@ -98,10 +105,13 @@ def test_meter_reads_every_replica_around_a_step(replicas):
     meter.begin()
     bodies[1] = EXPOSITION.replace('"1",model_name="tiny model"} 6.0', '"1",model_name="tiny model"} 11.0').replace(
         '"1",model_name="tiny model"} 24.0', '"1",model_name="tiny model"} 44.0').replace(
-        '"1",model_name="tiny model"} 4.0', '"1",model_name="tiny model"} 14.0')
+        '"1",model_name="tiny model"} 4.0', '"1",model_name="tiny model"} 14.0').replace(
+        'generation_tokens_total{engine="0",model_name="tiny model"} 500.0',
+        'generation_tokens_total{engine="0",model_name="tiny model"} 530.0')
     m = meter.end()
     assert m["rollout/spec_drafts"] == 5 and m["rollout/spec_draft_tokens"] == 20
     assert m["rollout/spec_accepted_tokens"] == 10 and m["rollout/spec_acceptance_length"] == 3.0
+    assert m["rollout/spec_generation_tokens"] == 30 and m["rollout/spec_tokens_per_step"] == 1.5  # 30 in 20 steps
     bodies[0] = "vllm:generation_tokens_total 1.0\n"  # stats off: no counters, no metrics (a warning)
     meter.begin()
     assert meter.end() == {}
@@ -109,7 +119,7 @@ def test_meter_reads_every_replica_around_a_step(replicas):
 
 
 def test_a_replica_exposing_part_of_the_counters_is_not_read(replicas, caplog):
-    """Drafts without accepted tokens (or any other part of the three) would make a step's acceptance up from one
+    """Drafts without accepted tokens (or any other part of the counters) would make a step's acceptance up from one
     replica's counters and not the other's: the reading fails, with a warning naming what is missing."""
     addresses, bodies = replicas
     assert set(sm.scrape(addresses)) == set(addresses)

@@ -152,6 +152,10 @@ def test_vllm_plugin_patches_once_and_only_on_the_cpu(monkeypatch):
     import vllm.utils.cpu_triton_utils as cpu_tl
 
     monkeypatch.setattr(cpu_tl, "expand_kernel", cpu_tl.expand_kernel)  # apply() also fixes the expand shim
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    for name in ("_select_experts", "supports_routing_replay_capture"):  # and makes the CPU experts capture routes
+        monkeypatch.setattr(CPUUnquantizedExperts, name, getattr(CPUUnquantizedExperts, name))
     vllm_plugin.apply()
     first = layer_utils.dispatch_cpu_unquantized_gemm
     assert getattr(first, vllm_plugin.MARK, False)
@@ -164,6 +168,21 @@ def test_vllm_plugin_patches_once_and_only_on_the_cpu(monkeypatch):
     vllm_plugin.keep_linear_weights()
     layer_utils.dispatch_cpu_unquantized_gemm(object(), remove_weight=True)
     assert seen == {"remove_weight": False}
+
+
+def test_vllm_defect_d_cpu_experts_refuse_routing_capture():
+    """What recipe/cpu/vllm_plugin.py capture_cpu_routing works around (routed-expert return for R3 on vLLM CPU):
+    the CPU experts pick their own top-k in a monolithic kernel that reports no capture support, and vLLM binds the
+    capture callback to such a kernel only when it does."""
+    recheck = "recipe/cpu/vllm_plugin.py capture_cpu_routing"
+    check_module_source("vllm.model_executor.layers.fused_moe.experts.cpu_moe",
+                        ["class CPUUnquantizedExperts(mk.FusedMoEExpertsMonolithic):",
+                         "topk_weights, topk_ids = self._select_experts("], recheck)
+    check_source("vllm.model_executor.layers.fused_moe.modular_kernel:FusedMoEExpertsMonolithic."
+                 "supports_routing_replay_capture", ["return False"], recheck)
+    check_source("vllm.model_executor.layers.fused_moe.routed_experts_capturer:bind_routed_experts_capturer",
+                 ["fused_experts.supports_routing_replay_capture()", "fused_experts.set_capture_fn(capture_fn)"],
+                 recheck)
 
 
 @pytest.mark.parametrize("name", ["VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "VERL_ENGINE_DEVICE"])

@@ -9,7 +9,12 @@ RECHECK = "recipe/adapter/spec_metrics.py (the rollout/spec_* metrics)"
 
 def test_vllm_counters_and_their_route():
     check_source("vllm.v1.spec_decode.metrics:SpecDecodingProm.__init__",
-                 [f'"{name}"' for name in spec_metrics.COUNTERS.values()], RECHECK + ": the counter names")
+                 [f'"{name}"' for name in spec_metrics.SPEC_COUNTERS.values()], RECHECK + ": the counter names")
+    check_source("vllm.v1.metrics.loggers:PrometheusStatLogger.__init__", ['name="vllm:generation_tokens"'],
+                 RECHECK + ": rollout/spec_tokens_per_step")
+    check_source("vllm.v1.metrics.stats:IterationStats.update_from_output",
+                 ["num_new_generation_tokens = len(output.new_token_ids)"],
+                 RECHECK + ": every emitted token (accepted drafts included) counts as generated")
     check_source("vllm.v1.spec_decode.metrics:SpecDecodingStats.observe_draft",
                  ["self.num_drafts += 1", "self.num_draft_tokens += num_draft_tokens",
                   "self.num_accepted_tokens += num_accepted_tokens"], RECHECK + ": what each counter counts")

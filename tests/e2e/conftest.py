@@ -40,11 +40,12 @@ OVER_SAMPLE = {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25", "ROLLOUT_
                "ROLLOUT_MAX_NUM_BATCHED_TOKENS": "128", "TOTAL_EPOCHS": "2", **RANDOM_MODEL}
 OVER_SAMPLE_STEPS = 8
 
-# Speculative decoding in the control run (restart_without_sync_run): ngram drafting at every batch size, matching
-# suffixes of 1-3 tokens (vLLM's 5-token default rarely matches a tiny random model's output). Lossless, so the
+# Speculative decoding in the control run (restart_without_sync_run): the recipe's group drafter (vLLM's custom_class
+# proposer over recipe/drafting: the request's context, its GRPO siblings, the prompt's earlier responses), matches of
+# up to 8 tokens, at every batch size (vLLM's own ngram runs through the engine tests, tests/spec). Lossless, so the
 # run's other claims hold as they would without it.
-SPECULATIVE = {"ROLLOUT_SPECULATIVE": "ngram", "ROLLOUT_SPECULATIVE_MAX_BATCH": "0",
-               "ROLLOUT_SPECULATIVE_NGRAM_MIN": "1", "ROLLOUT_SPECULATIVE_NGRAM_MAX": "3"}
+SPECULATIVE = {"ROLLOUT_SPECULATIVE": "group", "ROLLOUT_SPECULATIVE_MAX_BATCH": "0",
+               "ROLLOUT_SPECULATIVE_SUFFIX_DEPTH": "8", "ROLLOUT_SPECULATIVE_SUFFIX_CACHED": "1000"}
 
 
 # Multi-turn (MULTI_TURN=1: the trained tiny model on calculator problems through CappedToolAgentLoop). The calculator
@@ -119,7 +120,7 @@ def _restart_without_sync(launcher: Launcher):
 
     env = {"PRESET": "cpu", "CKPT_ROOT": str(launcher.base / "restart-no-sync"), "EXPERIMENT_NAME": "restart-no-sync",
            "RECIPE_FIXTURE_CACHE": os.environ.get("RECIPE_FIXTURE_CACHE", ""), **OVER_SAMPLE,
-           "OVER_SAMPLE_REQUEUE": "restart", **SPECULATIVE}
+           "OVER_SAMPLE_REQUEUE": "restart", "RECORD_TOKENS": "1", **SPECULATIVE}
     report = run_preflight(env=env)
     assert report.ok, report.errors
     cmd = [sys.executable, str(REPO / "tests" / "e2e" / "no_weight_sync_driver.py"), "--config-name", CONFIG_NAME,
@@ -249,6 +250,7 @@ def restart_without_sync_run() -> Run:
     """Three claims in one run (each launch costs minutes of start-up): over-sample ``restart`` on verl's real
     server, the weight push to vLLM removed (tests/e2e/no_weight_sync_driver.py: the same composed config and
     TaskRunner as the main command, the trainer without verl's update_weights), and speculative decoding
-    (``ROLLOUT_SPECULATIVE=ngram``, ``SPECULATIVE``) through verl's loop with the recipe's acceptance metrics from
-    vLLM's counters (tests/e2e/test_speculative.py). Speculation is lossless, so the first two claims are unchanged."""
+    (``ROLLOUT_SPECULATIVE=group``, ``SPECULATIVE``) through verl's loop with the recipe's acceptance metrics from
+    vLLM's counters (tests/e2e/test_speculative.py), whose trained token ids it records (``RECORD_TOKENS=1``) for
+    the acceptance estimator. Speculation is lossless, so the first two claims are unchanged."""
     return _result("restart_without_sync_run")

@@ -85,7 +85,8 @@ def test_continue_resumes_genuinely_unfinished_responses(continue_run):
             texts = {int(t["uid"].rsplit("_", 2)[1]): t["output"] for t in dumped}
         assert sorted(after) == sorted(before) == list(range(N)) and sorted(texts) == list(range(N)), (step, row)
         for session in event["sessions"]:
-            s, partial = session["session"], session["text"].rstrip("\ufffd")  # a byte-level token may end mid-character
+            # a byte-level token may end mid-character
+            s, partial = session["session"], session["text"].rstrip("\ufffd")
             (tokens, finish), (tokens_after, _) = before[s], after[s]
             assert tokens == session["tokens"] and texts[s].startswith(partial), (step, row, s)
             if finish == "abort":

@@ -154,3 +154,30 @@ def test_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "recipe.sim.acceptance", str(path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "groups.jsonl:1" in bad.stderr and "responses" in bad.stderr
+
+
+def test_a_runs_token_records_are_read_in_step_order(tmp_path):
+    """RECORD_TOKENS=1's <run>/tokens (recipe/token_record.py): the directory, or one step's .gz, is the input;
+    steps in number order (step 10 after step 9), so each prompt's later epoch finds the earlier one as history."""
+    from recipe.token_record import TokenRecorder
+
+    rec = TokenRecorder(tmp_path / "tokens", max_bytes=10**6)
+    response = list(range(1, 11))
+    for step, epoch in ((10, 1), (9, 0)):
+        rec.record(step, epoch, rows=[5, 5], sample_index=[1, 0], prompts=[[1, 2]] * 2,
+                   responses=[response, [3, 4, 5]])
+    groups = load_groups(tmp_path / "tokens")
+    assert [(g.prompt_id, g.epoch) for g in groups] == [("5", 0), ("5", 1)]
+    assert [r.tolist() for r in groups[0].responses] == [[3, 4, 5], response]  # sample order
+    assert [g.epoch for g in load_groups(tmp_path / "tokens" / "step_000010.jsonl.gz")] == [1]
+    out = subprocess.run([sys.executable, "-m", "recipe.sim.acceptance", str(tmp_path / "tokens"), "--json",
+                          "--drafter", "suffix:history", "--bootstrap", "50"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    hist = json.loads(out.stdout)["suffix:history:k=4:depth=24:min=1"]
+    assert hist["groups"] == 1 and hist["accepted"] > 0  # epoch 1 drafted from epoch 0's identical responses
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "cut.jsonl.gz").write_bytes((tmp_path / "tokens" / "step_000009.jsonl.gz").read_bytes()[:-12])
+    for bad, word in ((tmp_path / "empty", "no step_"), (tmp_path / "cut.jsonl.gz", "cut.jsonl.gz:1")):
+        with pytest.raises(ValueError, match=word):
+            load_groups(bad)

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from recipe.sim.engine import KV_TOKENS
@@ -103,3 +104,37 @@ def test_kv_capacity_options(capsys):
     assert by(small)["baseline"]["rollout_time_s"] > by(free)["baseline"]["rollout_time_s"]
     with pytest.raises(SystemExit, match="kv_tokens"):
         run("--kv-tokens", "8")
+
+
+def test_a_measured_acceptance_curve_replaces_the_published_figure(tmp_path, capsys):
+    """``--acceptance-curve`` + ``--drafter``: the speculating policy runs on the estimator's measured tokens per step
+    (a report from ``python -m recipe.sim.acceptance --json``), and the report says where the figure comes from;
+    a corpus drafter's CPU cost per emitted token slows it."""
+    from recipe.sim.__main__ import main
+    from recipe.sim.acceptance import Group, estimate
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 50, 8)
+    text = rng.integers(0, 50, 64)
+    groups = [Group("p", prompt, tuple(np.concatenate([text[:40 + i], rng.integers(0, 50, 4)]) for i in range(4)))]
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps({"drafters": estimate(groups, ["suffix:own+group"], boot=50)}))
+    name = "suffix:own+group:k=4:depth=24:min=1"
+
+    def run(*extra):
+        assert main(["--json", "--prompts", "64", "--n", "4", "--epochs", "2", "--batch-size", "16", "--policies",
+                     "best-onpolicy-spec", "--acceptance-curve", str(path), "--drafter", name, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    free, costly = run("--spec-draft-s-per-context-token", "0"), run("--spec-draft-s-per-context-token", "0",
+                                                                      "--spec-draft-s-per-new-token", "1e-3")
+    assert free["speculation"]["draft_s_per_token"] == 0
+    assert free["speculation"]["acceptance_length_source"] == f"{path}: {name}"
+    assert free["speculation"]["acceptance_length"] is None and free["speculation"]["curve"]["tau"]
+    assert costly["speculation"]["draft_s_per_new_token"] == 1e-3
+    speed = [by_name(r)["best-onpolicy-spec"]["speedup_vs_baseline"] for r in (free, costly)]
+    assert speed[1] < speed[0], speed
+    lone = sim("--acceptance-curve", str(path))
+    assert lone.returncode != 0 and "--acceptance-curve and --drafter go together" in lone.stderr
+    wrong = sim("--acceptance-curve", str(path), "--drafter", "ngram")
+    assert wrong.returncode != 0 and "'ngram' is not in the acceptance report" in wrong.stderr

@@ -84,6 +84,12 @@ def test_schedule_factor():
     want = (c.step_time(r, 3, 6000) + 1e-9 * r * 6000) / (2.0 * c.step_time(r, 0, 6000))
     assert np.allclose(d.factor(r, 6000.0), want)
     assert SpecCost().sync_penalty > 0 and SpecCost().draft_s_per_token > 0  # charged by default
+    # a corpus drafter: seconds per token each drafting sequence emits (tau per step), whatever the context
+    g = Speculation(dataclasses.replace(c, draft_s_per_new_token=2e-5))
+    want = (c.step_time(r, 3, 6000) + 2e-5 * r * 2.0) / (2.0 * c.step_time(r, 0, 6000))
+    assert np.allclose(g.factor(r, 6000.0), want)
+    with pytest.raises(ValueError, match="draft_s_per_new_token"):
+        SpecCost(draft_s_per_new_token=-1.0)
 
 
 def test_measured_curve_replaces_tau_by_position():

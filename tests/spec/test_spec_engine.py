@@ -29,6 +29,8 @@ import logging
 import numpy as np
 import pytest
 
+from recipe.testing.spec_checks import permutation_p, waves
+
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 MAX_BATCH, K, LENGTH, N = 16, 4, 16, 512
@@ -58,13 +60,6 @@ def spec_engine(tiny_artifacts):
     engine.shutdown()
 
 
-def waves(engine, size: int, prompt, n: int, length: int, temperature: float, **kw):
-    out = []
-    for _ in range(n // size):
-        out += engine.run(engine.generate_forced([prompt] * size, [length] * size, temperature=temperature, **kw))
-    return out
-
-
 def drafted_after_full_steps(batches: list[tuple[int, int]], max_batch: int) -> list[tuple[int, int]]:
     """(batch, drafts) of the steps that verified drafts proposed after a step of more than ``max_batch`` requests:
     a step's drafts are proposed with the K vLLM's scheduler chose for that step's batch (``Scheduler.schedule``
@@ -77,28 +72,6 @@ def test_drafted_after_full_steps_pairs_each_step_with_the_one_before():
     assert drafted_after_full_steps(steps, 16) == []  # drafts after steps of 3, 16 and 9 requests: K=4
     assert drafted_after_full_steps(steps + [(12, 3)], 16) == []
     assert drafted_after_full_steps([(64, 0), (64, 1), (17, 2), (5, 1)], 16) == [(64, 1), (64, 2), (17, 1)]
-
-
-def mean_tv(a: np.ndarray, b: np.ndarray, vocab: int) -> float:
-    """Mean over positions of the total-variation distance between the token frequencies of ``a`` and ``b``."""
-    positions = a.shape[1]
-    offsets = np.arange(positions) * vocab
-    ca = np.bincount((a + offsets).ravel(), minlength=positions * vocab).reshape(positions, vocab) / len(a)
-    cb = np.bincount((b + offsets).ravel(), minlength=positions * vocab).reshape(positions, vocab) / len(b)
-    return float(0.5 * np.abs(ca - cb).sum(axis=1).mean())
-
-
-def permutation_p(a: np.ndarray, b: np.ndarray, vocab: int, rounds: int, seed: int = 0) -> tuple[float, float, float]:
-    """(statistic, mean of the null, p-value) of a permutation test of ``mean_tv`` between the two samples."""
-    rng = np.random.default_rng(seed)
-    observed = mean_tv(a, b, vocab)
-    pooled = np.concatenate([a, b])
-    null = []
-    for _ in range(rounds):
-        idx = rng.permutation(len(pooled))
-        null.append(mean_tv(pooled[idx[:len(a)]], pooled[idx[len(a):]], vocab))
-    null = np.array(null)
-    return observed, float(null.mean()), float((1 + (null >= observed).sum()) / (rounds + 1))
 
 
 def test_ngram_speculation_samples_the_same_distribution(spec_engine):

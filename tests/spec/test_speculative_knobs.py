@@ -36,6 +36,31 @@ def test_suffix_config():
         "suffix_decoding_max_cached_requests": 10000}
 
 
+def test_group_is_the_recipes_custom_proposer():
+    """vLLM imports the proposer by its module path (``custom_class``); Hydra gets that path quoted."""
+    v = values(ROLLOUT_SPECULATIVE="group", ROLLOUT_SPECULATIVE_MAX_BATCH=0, ROLLOUT_SPECULATIVE_SUFFIX_DEPTH=8,
+               ROLLOUT_SPECULATIVE_SUFFIX_CACHED=500)
+    assert rollout_spec.speculative_config(v) == {
+        "method": "custom_class", "model": "recipe.drafting.vllm_proposer.GroupProposer",
+        "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 8, "suffix_decoding_max_cached_requests": 500}
+    assert rollout_spec.hydra_override(v)[0] == (
+        KEY + "{method:custom_class,num_speculative_tokens:4,model:'recipe.drafting.vllm_proposer.GroupProposer',"
+              "suffix_decoding_max_tree_depth:8,suffix_decoding_max_cached_requests:500}")
+
+
+def test_group_settings_reach_vllms_config_and_the_proposer():
+    """What vLLM 0.28 builds from the composed dict keeps the suffix fields the proposer reads (it zeroes the
+    prompt-lookup ones for ``custom_class``)."""
+    from vllm.config import SpeculativeConfig
+
+    spec = SpeculativeConfig(**rollout_spec.speculative_config(values(
+        ROLLOUT_SPECULATIVE="group", ROLLOUT_SPECULATIVE_MAX_BATCH=0, ROLLOUT_SPECULATIVE_SUFFIX_DEPTH=8,
+        ROLLOUT_SPECULATIVE_SUFFIX_CACHED=500)))
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == (
+        "custom_class", rollout_spec.GROUP_PROPOSER, 4)
+    assert (spec.suffix_decoding_max_tree_depth, spec.suffix_decoding_max_cached_requests) == (8, 500)
+
+
 def test_hydra_value_grammar():
     value = {"a": [1, [2, 3]], "b": 0.5, "c": True, "d": "x_y"}
     assert rollout_spec.hydra_value(value) == "{a:[1,[2,3]],b:0.5,c:true,d:x_y}"
@@ -56,6 +81,8 @@ def spec_cfg(method="ngram", **rollout):
     ("ngram", {"mtp": {"enable": True, "enable_rollout": True}}, ["mtp.enable_rollout=True"]),
     ("suffix", {}, ["ROLLOUT_SPECULATIVE=suffix with ROLLOUT_SPECULATIVE_MAX_BATCH", "vLLM PR #46399",
                     "export ROLLOUT_SPECULATIVE_MAX_BATCH=0"]),
+    ("group", {}, ["ROLLOUT_SPECULATIVE=group with ROLLOUT_SPECULATIVE_MAX_BATCH", "propose_draft_token_ids",
+                   "export ROLLOUT_SPECULATIVE_MAX_BATCH=0"]),
 ])
 def test_refused_combinations_are_named(monkeypatch, method, rollout, parts):
     monkeypatch.setattr(rollout_spec, "arctic_inference_version", lambda: "0.1.1")
@@ -103,6 +130,20 @@ def test_preflight_composes_the_override_and_verl_hands_vllm_json(ngram_report):
     assert ngram_report.values["EXPERIMENT_NAME"] == "cpu-grpo-resampler-ngram"  # its own run directory
 
 
+def test_preflight_composes_group_and_verl_hands_vllm_the_proposers_path():
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.rollout.vllm_rollout.utils import build_cli_args_from_config
+
+    report = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "group",
+                                "ROLLOUT_SPECULATIVE_SUFFIX_DEPTH": "8"})
+    assert report.ok, report.errors
+    spec = omega_conf_to_dataclass(report.config.actor_rollout_ref.rollout).engine_kwargs["vllm"]["speculative_config"]
+    assert spec["method"] == "custom_class" and spec["model"] == rollout_spec.GROUP_PROPOSER
+    assert spec["suffix_decoding_max_tree_depth"] == 8 and "num_speculative_tokens_per_batch_size" not in spec
+    assert json.loads(build_cli_args_from_config({"speculative_config": spec})[1]) == spec
+    assert report.values["EXPERIMENT_NAME"] == "cpu-grpo-resampler-group"
+
+
 @pytest.mark.slow
 def test_vllm_builds_the_schedule_from_verls_command_line(ngram_report, tiny_artifacts):
     """vLLM parses verl's ``--speculative_config`` JSON into a SpeculativeConfig whose schedule drafts 4 tokens up to
@@ -147,3 +188,18 @@ def test_bad_method_is_named_before_composition():
     assert any(e.startswith("ROLLOUT_SPECULATIVE='eagle' must be one of 'off', 'ngram', 'suffix'")
                for e in report.errors), report.errors
     assert report.config is None
+
+
+def test_group_corpus_memory_is_stated_and_bounded_by_the_node(monkeypatch):
+    """The group drafter's corpus lives in each replica's host memory: the preflight states its bound per node, and
+    refuses one over a quarter of the node's memory, naming the knobs."""
+    import recipe.preflight as preflight
+
+    monkeypatch.setattr(preflight, "node_memory_bytes", lambda: 64 * 2**30)
+    ok = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "group"})
+    assert ok.ok and any(n.startswith("ROLLOUT_SPECULATIVE=group keeps up to") for n in ok.notes), ok.notes
+    assert ok.values["ROLLOUT_SPECULATIVE_SUFFIX_DEPTH"] == 8  # group's default; suffix keeps vLLM's 24
+    big = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "group",
+                             "ROLLOUT_SPECULATIVE_SUFFIX_CACHED": "10000000"})
+    assert any("more than 25% of this node's" in e and "lower ROLLOUT_SPECULATIVE_SUFFIX_CACHED" in e
+               for e in big.errors), big.errors

@@ -39,3 +39,24 @@ def test_point_mass_drafts_and_target_logprobs():
                  "recipe/rollout_spec.py docstring (logprobs stay the target model's)")
     check_source("vllm.v1.sample.rejection_sampler:rejection_sample", ["NO_DRAFT_PROBS=draft_probs is None"],
                  "tests/spec/test_rejection_sampler.py")
+
+
+def test_custom_class_proposer_hooks_the_group_drafter_uses():
+    """``ROLLOUT_SPECULATIVE=group`` (recipe/drafting/vllm_proposer.py): vLLM loads the class named by
+    ``speculative_config.model`` and calls its ``propose`` with the batch's rows only; the recipe hands it the runner's
+    ``input_batch`` (request ids, prompt lengths) by wrapping ``propose_draft_token_ids``, which the runner calls as
+    a method; a custom proposer passes no draft probabilities (exact rejection sampling)."""
+    check_source("vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",
+                 ['if self.speculative_config.method == "custom_class":', "create_custom_proposer("],
+                 "recipe/rollout_spec.py GROUP_PROPOSER")
+    check_source("vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids",
+                 ['elif spec_config.method == "custom_class":', "sampled_token_ids,",
+                  "self.input_batch.num_tokens_no_spec,", "self.input_batch.token_ids_cpu,"],
+                 "GroupProposer.propose's arguments")
+    check_source("vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
+                 ["self._draft_token_ids = self.propose_draft_token_ids("], "bind_input_batch wraps the method")
+    check_source("vllm.v1.worker.gpu_input_batch:InputBatch.__init__",
+                 ["self._req_ids: list[str | None] = []", "self.num_prompt_tokens ="],
+                 "GroupProposer reads the rows' request ids and prompt lengths")
+    check_source("vllm.v1.spec_decode.custom_class_proposer:create_custom_proposer",
+                 ["instance = user_class(vllm_config)"], "GroupProposer(vllm_config)")

@@ -1,0 +1,7 @@
+"""Group and history drafting for speculative decoding (``ROLLOUT_SPECULATIVE=group``).
+
+* ``corpus``: pure Python, no vLLM: the responses an engine has produced, grouped by prompt, indexed by n-gram,
+  and the draft for a request (the longest match of its context's end in its own context, its GRPO siblings'
+  responses so far and the same prompt's earlier responses).
+* ``vllm_proposer``: vLLM's ``custom_class`` proposer over that corpus.
+"""

@@ -1,0 +1,66 @@
+"""The A/B report's drafter section (recipe/report/drafters.py): present only for a run that recorded its token ids
+(RECORD_TOKENS=1, <run>/tokens), with the estimator's tokens per step for the shipped ngram and the group drafter's
+sources, and bounded in the groups it reads."""
+import gzip
+import shutil
+import zlib
+
+import numpy as np
+
+from recipe.report import main
+from recipe.report.drafters import MAX_GROUPS, sample_groups
+from recipe.sim.acceptance import Drafter
+from recipe.token_record import TokenRecorder
+
+HEADING = "## Speculative drafters on the recorded responses"
+
+
+def record(directory, prompts=3, epochs=2, n=4, length=120, seed=0):
+    """GRPO groups whose siblings say the same thing after openings of different lengths (what group drafting feeds
+    on: a sibling ahead in the text), the same text again each epoch (what history adds), random tokens otherwise."""
+    rng = np.random.default_rng(seed)
+    text = {p: rng.integers(0, 5000, length) for p in range(prompts)}
+    rec = TokenRecorder(directory, max_bytes=10**7)
+    step = 0
+    for epoch in range(epochs):
+        for p in range(prompts):
+            step += 1
+            responses = [np.concatenate([rng.integers(0, 5000, 15 * i), text[p]]) for i in range(n)]
+            rec.record(step, epoch, rows=[p] * n, sample_index=list(range(n)), prompts=[[1, 2, 3]] * n,
+                       responses=responses)
+
+
+def test_section_only_for_runs_with_recordings(runs_dir, tmp_path):
+    for name in ("baseline", "capped"):
+        shutil.copytree(runs_dir / name, tmp_path / name)
+    assert main([str(tmp_path / "baseline"), str(tmp_path / "capped"), "--out", str(tmp_path / "plain")]) == 0
+    plain = (tmp_path / "plain" / "compare.md").read_text()
+    assert HEADING not in plain
+
+    record(tmp_path / "capped" / "tokens")
+    assert main([str(tmp_path / "baseline"), str(tmp_path / "capped"), "--out", str(tmp_path / "spec")]) == 0
+    report = (tmp_path / "spec" / "compare.md").read_text()
+    section = report[report.index(HEADING):report.index("## Sources")]
+    assert report.replace(section, "") == plain  # nothing else changes
+    assert "### capped" in section and "### baseline" not in section
+    assert f"at most {MAX_GROUPS} groups" in section
+    for name in (Drafter().name, "suffix:own+group:k=4:depth=24:min=1", "suffix:own+group+history:k=4:depth=24:min=1"):
+        assert f"| `{name}` | " in section, name
+    # the request's own context never repeats; its siblings ahead of it do, and an earlier epoch holds all of it
+    assert "Most tokens per target step: `suffix:own+group+history:k=4:depth=24:min=1`" in section
+    ngram_row = next(line for line in section.splitlines() if line.startswith(f"| `{Drafter().name}` |"))
+    assert float(ngram_row.split("|")[3].split()[0]) < 1.1
+
+
+def test_sample_is_bounded_and_keeps_every_epoch_of_its_prompts(tmp_path):
+    record(tmp_path, prompts=6, epochs=3)
+    groups = sample_groups(tmp_path, max_groups=7)
+    ids = {g.prompt_id for g in groups}
+    smallest = sorted(map(str, range(6)), key=lambda p: (zlib.crc32(p.encode()), p))[:2]
+    assert len(groups) == 6 and ids == set(smallest)  # two whole prompts of three epochs; a third would pass 7
+    assert sorted((g.prompt_id, g.epoch) for g in groups) == sorted((p, e) for p in smallest for e in range(3))
+    assert len(sample_groups(tmp_path)) == 18
+    # the text bound: about two groups' worth keeps the smallest-hash prompt's earliest epochs only
+    line = len(gzip.decompress((tmp_path / "step_000001.jsonl.gz").read_bytes()))
+    by_bytes = sample_groups(tmp_path, max_groups=100, max_bytes=int(2.5 * line))
+    assert [(g.prompt_id, g.epoch) for g in by_bytes] == [(smallest[0], 0), (smallest[0], 1)]
