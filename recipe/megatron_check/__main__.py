@@ -1,12 +1,14 @@
 """``python -m recipe.megatron_check``: the Megatron check (package docstring) as one command.
 
     python -m recipe.megatron_check run --work DIR [--cpu] [--json FILE] [--resharded DIR]
+    python -m recipe.megatron_check replay --work DIR --rollouts FILE.npz [--cpu] [--json FILE]
     torchrun --nproc_per_node 2 -m recipe.megatron_check reshard-save --work DIR --cpu
 
 ``run`` prints the table of rows and exits 0 only when every row passed. ``--cpu`` is the rehearsal on a CPU build of
 torch (gloo, fp32, :mod:`.cpu_cuda`); without it: one GPU, NCCL, bf16. ``reshard-save`` writes, under ``DIR``, one
 dist checkpoint per layout of its ranks (TP 2, then EP 2), from the Hugging Face weights through Megatron-Bridge;
-``run --resharded DIR`` loads each at TP = EP = 1 and compares it with the reference model.
+``run --resharded DIR`` loads each at TP = EP = 1 and compares it with the reference model. ``replay``: R3 routing
+replay of recorded vLLM rollouts (:mod:`.replay`).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def _model_dir(args) -> Path:
 
 def run(args) -> int:
     from ..gpu_check import format_table
-    from . import imports, steps
+    from . import imports, replay, steps
     from .model import Layout, init_parallel
 
     start = time.time()
@@ -59,7 +61,9 @@ def run(args) -> int:
         return True, ", ".join(f"{k} {v}" for k, v in versions.items()), versions
 
     check.run("environment", environment)
-    if check.rows[-1].ok:
+    if check.rows[-1].ok and args.cmd == "replay":
+        replay.check(check, Path(args.rollouts))
+    elif check.rows[-1].ok:
         steps.bridge_logits(check)
     if "provider" in check.state:
         steps.convert(check)
@@ -104,16 +108,19 @@ def reshard_save(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipe.megatron_check", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("run", "reshard-save"):
+    for name in ("run", "reshard-save", "replay"):
         p = sub.add_parser(name)
         p.add_argument("--work", required=True, help="a directory for the checkpoints (created)")
         p.add_argument("--cpu", action="store_true", help="the CPU rehearsal (gloo, fp32)")
         p.add_argument("--model", help="a Hugging Face Qwen3-MoE dir (default: the tiny fixture, built if needed)")
-        if name == "run":
+        if name != "reshard-save":
             p.add_argument("--json", help="write the rows as JSON here")
+        if name == "run":
             p.add_argument("--resharded", help="a reshard-save --work dir: load each checkpoint in it at TP=EP=1")
+        if name == "replay":
+            p.add_argument("--rollouts", required=True, help="vLLM rollouts with routes (replay.save_rollouts)")
     args = ap.parse_args(argv)
-    return run(args) if args.cmd == "run" else reshard_save(args)
+    return reshard_save(args) if args.cmd == "reshard-save" else run(args)
 
 
 if __name__ == "__main__":  # dist_checkpointing's writer may spawn processes that re-import __main__

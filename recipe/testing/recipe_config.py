@@ -37,3 +37,15 @@ def compose_recipe(artifacts, overrides=()):
         ])
     OmegaConf.resolve(cfg)
     return cfg
+
+
+def make_trainer(tiny_artifacts, tmp_path, *overrides):
+    """A LengthAwareTrainer on the tiny artifacts with its tokenizer and dataloader, at step 1 (no workers)."""
+    from recipe.adapter.trainer import LengthAwareTrainer
+
+    cfg = compose_recipe(tiny_artifacts, [f"trainer.default_local_dir={tmp_path}/run", *overrides])
+    trainer = LengthAwareTrainer(cfg)
+    trainer._init_tokenizer()
+    trainer._init_dataloader()
+    trainer.global_steps = 1
+    return trainer

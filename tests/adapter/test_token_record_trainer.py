@@ -7,18 +7,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from recipe.adapter.fields import CAP, PREDICTION, ROW_ID
 from recipe.sim.acceptance import load_groups
-from recipe.testing.recipe_config import ROLLOUT_N, TRAIN_BATCH, compose_recipe
-
-
-def make_trainer(tiny_artifacts, tmp_path, *overrides):
-    from recipe.adapter.trainer import LengthAwareTrainer
-
-    cfg = compose_recipe(tiny_artifacts, [f"trainer.default_local_dir={tmp_path}/run", *overrides])
-    trainer = LengthAwareTrainer(cfg)
-    trainer._init_tokenizer()
-    trainer._init_dataloader()
-    trainer.global_steps = 1
-    return trainer
+from recipe.testing.recipe_config import ROLLOUT_N, TRAIN_BATCH, make_trainer
 
 
 def prompt_of(row):

@@ -18,19 +18,7 @@ from recipe.adapter.fields import CAP, PREDICTION, ROLLOUT_STEP, ROW_ID
 from recipe.adapter.sampler import LengthAwareEpochSampler
 
 from recipe.testing.recipe_config import ROLLOUT_N as N_RESP
-from recipe.testing.recipe_config import TRAIN_BATCH, compose_recipe
-
-
-
-def make_trainer(tiny_artifacts, tmp_path, *overrides):
-    from recipe.adapter.trainer import LengthAwareTrainer
-
-    cfg = compose_recipe(tiny_artifacts, [f"trainer.default_local_dir={tmp_path}/run", *overrides])
-    trainer = LengthAwareTrainer(cfg)
-    trainer._init_tokenizer()
-    trainer._init_dataloader()
-    trainer.global_steps = 1
-    return trainer
+from recipe.testing.recipe_config import TRAIN_BATCH, make_trainer
 
 
 def put_trajectories(tq, batch, lengths_of, preempted=None, tool_calls=None):

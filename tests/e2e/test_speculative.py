@@ -6,8 +6,11 @@ the recipe's trainer): the run ends, and every step logs the acceptance the reci
 import json
 
 from recipe.adapter.spec_metrics import PREFIX, VAL_PREFIX as VAL
+from recipe.cpu.preset import CPU_VALUES
 
+BATCH, N = int(CPU_VALUES["TRAIN_BATCH_SIZE"]), int(CPU_VALUES["ROLLOUT_N"])
 OVER_SAMPLE_STEPS = 8  # tests/e2e/conftest.py: the control run's length
+
 
 def logged(run) -> dict[int, dict]:
     """verl's file logger by step, the validation before training (step 0) included (``Run.metrics`` leaves it out)."""
@@ -51,8 +54,8 @@ def test_group_drafter_acceptance_is_logged_every_step(restart_without_sync_run)
     assert 0 in val and len(val) >= 2, sorted(val)
     for step, m in val.items():
         print(f"group drafter, validation at step {step}: {m[VAL + 'drafts']:.0f} drafts, "
-              f"{m[VAL + 'draft_tokens']:.0f} draft tokens, {m[VAL + 'accepted_tokens']:.0f} accepted, acceptance length "
-              f"{m[VAL + 'acceptance_length']:.3f}, {m[VAL + 'tokens_per_step']:.3f} tokens per step")
+              f"{m[VAL + 'draft_tokens']:.0f} draft tokens, {m[VAL + 'accepted_tokens']:.0f} accepted, "
+              f"acceptance length {m[VAL + 'acceptance_length']:.3f}, {m[VAL + 'tokens_per_step']:.3f} tokens per step")
     assert sum(m[VAL + "accepted_tokens"] for m in val.values()) > 0, "greedy validation accepts drafts"
     assert all(m[VAL + "acceptance_length"] > 1 for m in val.values() if m[VAL + "accepted_tokens"] > 0)
 
@@ -72,11 +75,11 @@ def test_recorded_tokens_are_every_trained_response_and_the_estimator_reads_them
     assert [int(p.name[5:11]) for p in step_files(tokens)] == sorted(traces)
     groups = load_groups(tokens)
     for step, rec in traces.items():
-        kept = [(r, s, n) for r, s, n, f in zip(rec["rows"], rec["sample_index"], rec["lengths"], rec["finish"])
-                if f != "abort"]  # trained responses (the over-sampler's aborted ones come after, never trained)
+        trained = slice(BATCH * N)  # the over-sampler's aborted responses come after, never trained
+        kept = list(zip(rec["rows"][trained], rec["sample_index"][trained], rec["lengths"][trained]))
         recorded = {(int(g.prompt_id), i, len(resp)) for g in groups if g.epoch == rec["epoch"]
                     for i, resp in enumerate(g.responses)}
-        assert {(r, s, n) for r, s, n in kept} <= recorded, step
+        assert len(kept) == BATCH * N and set(kept) <= recorded, step
     out = subprocess.run([sys.executable, "-m", "recipe.sim.acceptance", str(tokens)], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "ngram" in out.stdout, out.stderr[-2000:]
