@@ -21,13 +21,13 @@ Measured on the tiny Qwen3-MoE (4 layers, 8 experts, top-2), 3 rollouts sampled 
 41 tokens, responses of 32, 24, 40): 164 tokens with a vLLM row x 4 layers = 656 (token, layer) routes per comparison.
 
 - same weights, fp32: 0 of 656 routes differ with and without replay; mean |dlogprob| 1.4e-7 both;
-- routes shifted by +1 / -1 token: 454 of 656 (69%) differ, mean |dlogprob| 0.018 / 0.016;
+- routes shifted by +1 / -1 token: 454 of 656 (69%) differ, mean |dlogprob| 0.018 / 0.016 (aligned: 1.4e-7);
 - one AdamW step at lr 1e-5 / 1e-4 / 1e-3: without replay 11 (1.7%) / 99 (15%) / 393 (60%) routes differ, with
   replay 0; mean |dlogprob| 0.0116 / 0.110 / 0.382 without, 0.0118 / 0.111 / 0.389 with: a step trained on these
   very tokens moves every log-prob, and replay pins the routing, not the weights, so it does not shrink that gap;
 - Megatron in bf16: without replay 10 (1.5%) routes differ, mean |dlogprob| 0.0023; with replay 0 and 0.0016.
 
-The command takes ~20 s on 2 cores (15 s of it imports); the test, with the vLLM engine recording, ~90 s.
+The command takes ~20 s on 2 cores (15 s of it imports); the test, with the vLLM engine recording, ~75 s.
 """
 from __future__ import annotations
 

@@ -6,38 +6,24 @@ subprocesses (Megatron's process groups are global to a process); the tests read
 cannot prove is in docs/testing.md (TE checkpoints, resharding at the real sizes, the vLLM weight sync).
 """
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from recipe.gpu_check import KL_MEAN_MAX
+from recipe.testing.megatron_site import run_with_megatron
 
-REPO = Path(__file__).resolve().parents[2]
-SITE = Path(sys.prefix) / "megatron-site"  # scripts/bootstrap_venv.sh, requirements/megatron-cpu.txt
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
-
-
-def _run(args: list[str], log: Path, timeout: int = 600) -> None:
-    if not (SITE / "megatron" / "bridge").is_dir():
-        pytest.fail(f"{SITE} has no Megatron-Bridge: run scripts/bootstrap_venv.sh (requirements/megatron-cpu.txt)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    with log.open("w") as out:
-        proc = subprocess.run(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(args[2:5])} exited {proc.returncode}; last lines of {log}:\n" + \
-        "\n".join(log.read_text().splitlines()[-25:])
 
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory, tiny_artifacts):
     work = tmp_path_factory.mktemp("megatron")
     model = str(tiny_artifacts.model_dir)
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+    run_with_megatron([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
           "recipe.megatron_check", "reshard-save", "--cpu", "--work", str(work / "resharded"), "--model", model],
          work / "reshard-save.log")
-    _run([sys.executable, "-m", "recipe.megatron_check", "run", "--cpu", "--work", str(work / "run"), "--model", model,
+    run_with_megatron([sys.executable, "-m", "recipe.megatron_check", "run", "--cpu", "--work", str(work / "run"), "--model", model,
           "--resharded", str(work / "resharded"), "--json", str(work / "rows.json")], work / "run.log")
     return {r["step"]: r for r in json.loads((work / "rows.json").read_text())}
 

@@ -3,19 +3,16 @@ through verl's router-replay code (``python -m recipe.megatron_check replay``, :
 has the measured numbers).
 
 The engine runs here; the Megatron check in a subprocess (Megatron's process groups are global to a process) reads
-the recorded sequences from an ``.npz`` file and writes its rows as JSON, which the tests assert on.
+the recorded sequences from an ``.npz`` file and writes its rows as JSON, which the tests assert on. ~75 s on 2 cores.
 """
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SITE = Path(sys.prefix) / "megatron-site"  # as tests/megatron/test_megatron_check.py
+from recipe.testing.megatron_site import run_with_megatron
+
 pytestmark = [pytest.mark.megatron, pytest.mark.engine, pytest.mark.slow]
 _rng = np.random.default_rng(1)
 PROMPTS = [[int(t) for t in _rng.integers(3, 900, n)] for n in (7, 23, 41)]
@@ -35,23 +32,11 @@ def record(model_dir, path) -> None:
     save_rollouts(path, outputs)
 
 
-def megatron(args: list[str], log: Path) -> None:
-    """``python -m recipe.megatron_check ARGS`` with Megatron's site dir on the path; its output goes to ``log``."""
-    if not (SITE / "megatron" / "bridge").is_dir():
-        pytest.fail(f"{SITE} has no Megatron-Bridge: run scripts/bootstrap_venv.sh (requirements/megatron-cpu.txt)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    with log.open("w") as out:
-        proc = subprocess.run([sys.executable, "-m", "recipe.megatron_check", *args], cwd=REPO, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=600)
-    assert proc.returncode == 0, f"exited {proc.returncode}; last lines of {log}:\n" + \
-        "\n".join(log.read_text().splitlines()[-25:])
-
-
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory, tiny_artifacts):
     work = tmp_path_factory.mktemp("router-replay")
     record(tiny_artifacts.model_dir, work / "rollouts.npz")
-    megatron(["replay", "--cpu", "--work", str(work / "run"), "--model", str(tiny_artifacts.model_dir),
+    run_with_megatron([sys.executable, "-m", "recipe.megatron_check", "replay", "--cpu", "--work", str(work / "run"), "--model", str(tiny_artifacts.model_dir),
               "--rollouts", str(work / "rollouts.npz"), "--json", str(work / "rows.json")], work / "replay.log")
     return {r["step"]: r for r in json.loads((work / "rows.json").read_text())}
 
