@@ -24,7 +24,8 @@ def record(model_dir, path) -> None:
     from recipe.megatron_check.replay import save_rollouts
     from recipe.testing.vllm_engine import InProcessVLLM
 
-    engine = InProcessVLLM(model_dir, max_model_len=512, max_num_seqs=8, seed=0, enable_return_routed_experts=True)
+    engine = InProcessVLLM(model_dir, max_model_len=512, max_num_seqs=8, seed=0, enable_return_routed_experts=True,
+                           gpu_memory_utilization=0.06)  # a small KV cache: the suite's e2e runs hold memory beside it
     try:
         outputs = engine.run(engine.generate_forced(PROMPTS, LENGTHS, temperature=1.0, logprobs=0))
     finally:
@@ -36,8 +37,9 @@ def record(model_dir, path) -> None:
 def rows(tmp_path_factory, tiny_artifacts):
     work = tmp_path_factory.mktemp("router-replay")
     record(tiny_artifacts.model_dir, work / "rollouts.npz")
-    run_with_megatron([sys.executable, "-m", "recipe.megatron_check", "replay", "--cpu", "--work", str(work / "run"), "--model", str(tiny_artifacts.model_dir),
-              "--rollouts", str(work / "rollouts.npz"), "--json", str(work / "rows.json")], work / "replay.log")
+    run_with_megatron([sys.executable, "-m", "recipe.megatron_check", "replay", "--cpu", "--work", str(work / "run"),
+                       "--model", str(tiny_artifacts.model_dir), "--rollouts", str(work / "rollouts.npz"),
+                       "--json", str(work / "rows.json")], work / "replay.log")
     return {r["step"]: r for r in json.loads((work / "rows.json").read_text())}
 
 

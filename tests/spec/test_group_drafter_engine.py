@@ -37,8 +37,9 @@ VOCAB = 978  # the tiny tokenizer
 def engines(tiny_artifacts):
     from recipe.testing.vllm_engine import InProcessVLLM
 
+    # two engines at once beside the suite's e2e runs: a small KV cache each (the tiny model needs ~100 MB of it)
     kw = dict(max_model_len=1024, max_num_seqs=64, seed=0, disable_log_stats=False,
-              logprobs_mode="processed_logprobs")
+              logprobs_mode="processed_logprobs", gpu_memory_utilization=0.06)
     group = InProcessVLLM(tiny_artifacts.model_dir, speculative_config={
         "method": "custom_class", "model": GROUP_PROPOSER, "num_speculative_tokens": K,
         "suffix_decoding_max_tree_depth": DEPTH, "suffix_decoding_max_cached_requests": 4096}, **kw)

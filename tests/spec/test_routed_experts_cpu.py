@@ -71,7 +71,8 @@ def run(request, tiny_artifacts, hf_model):
     engine_kwargs, temperature = ARMS[request.param]
     engine = InProcessVLLM(tiny_artifacts.model_dir, max_model_len=512, max_num_seqs=8, seed=0,
                            max_num_batched_tokens=BATCHED_TOKENS, disable_log_stats=False,
-                           enable_return_routed_experts=True, **engine_kwargs)
+                           enable_return_routed_experts=True, gpu_memory_utilization=0.06,  # beside e2e runs
+                           **engine_kwargs)
     try:
         # no per-request seed: a seeded request prefilled in chunks kills vLLM CPU's engine (its runner rewinds the
         # request's generator, gpu_model_runner._bookkeeping_sync: "CPU Generator does not use offset")
