@@ -351,7 +351,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PROJECT_NAME", "str", "length-aware-grpo", "trainer.project_name", "wandb project", group=_G_RUN),
     Knob("EXPERIMENT_NAME", "str", _experiment_name, "trainer.experiment_name", "run name and run directory name",
          default_doc="`<model>-grpo-<variant>`: `resampler`, `resampler-nocap`, `resampler-calcap`, `-os`, "
-         "`baseline`; `-ngram`/`-suffix` with ROLLOUT_SPECULATIVE, `-tools` with MULTI_TURN, `-noreplay`/`-r2`/`-r3` "
+         "`baseline`; `-ngram`/`-suffix`/`-group` with ROLLOUT_SPECULATIVE, `-tools` with MULTI_TURN, `-noreplay`/`-r2`/`-r3` "
          "with a ROUTER_REPLAY other than its default", group=_G_RUN),
     Knob("CKPT_ROOT", "path", str(REPO_ROOT / "checkpoints"), "trainer.default_local_dir=CKPT_ROOT/EXPERIMENT_NAME",
          "parent of the run directories (shared filesystem on multi-node)", default_doc="`<repo>/checkpoints`",
