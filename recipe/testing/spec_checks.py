@@ -12,6 +12,11 @@ def waves(engine, size: int, prompt, n: int, length: int, temperature: float, **
     return out
 
 
+def sampled_after_first(outputs) -> np.ndarray:
+    """Each response's tokens after its first (the prefill step's, which no draft can touch), one row each."""
+    return np.array([r.outputs[0].token_ids for r in outputs])[:, 1:]
+
+
 def mean_tv(a: np.ndarray, b: np.ndarray, vocab: int) -> float:
     """Mean over positions of the total-variation distance between the token frequencies of ``a`` and ``b``."""
     positions = a.shape[1]

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from recipe.rollout_spec import GROUP_PROPOSER
-from recipe.testing.spec_checks import permutation_p, waves
+from recipe.testing.spec_checks import permutation_p, sampled_after_first, waves
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -66,8 +66,7 @@ def test_group_drafting_samples_the_same_distribution(engines):
     spec, (drafts, drafted, accepted) = counted(group, lambda: waves(group, WAVE, PROMPT, N, LENGTH, TEMPERATURE))
     base = waves(plain, 64, PROMPT, N, LENGTH, TEMPERATURE)
     assert drafted > 0 and accepted > 0, (drafted, accepted)
-    a = np.array([r.outputs[0].token_ids for r in spec])[:, 1:]
-    b = np.array([r.outputs[0].token_ids for r in base])[:, 1:]
+    a, b = sampled_after_first(spec), sampled_after_first(base)
     assert a.shape == b.shape == (N, LENGTH - 1)
     observed, null_mean, p = permutation_p(a, b, VOCAB, PERMUTATIONS)
     print(f"group K={K}: {drafts} drafts, {drafted} draft tokens, {accepted} accepted ({accepted / drafted:.1%}); "

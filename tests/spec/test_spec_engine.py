@@ -29,7 +29,7 @@ import logging
 import numpy as np
 import pytest
 
-from recipe.testing.spec_checks import permutation_p, waves
+from recipe.testing.spec_checks import permutation_p, sampled_after_first, waves
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -87,8 +87,7 @@ def test_ngram_speculation_samples_the_same_distribution(spec_engine):
     spec = waves(spec_engine, MAX_BATCH, PROMPT, N, LENGTH, TEMPERATURE)
     drafts, drafted, accepted = (x - y for x, y in zip((counts.drafts, counts.draft_tokens, counts.accepted), before))
     assert drafted > 0 and accepted > 0, (drafted, accepted)
-    a = np.array([r.outputs[0].token_ids for r in spec])[:, 1:]
-    b = np.array([r.outputs[0].token_ids for r in base])[:, 1:]
+    a, b = sampled_after_first(spec), sampled_after_first(base)
     assert a.shape == b.shape == (N, LENGTH - 1)
     observed, null_mean, p = permutation_p(a, b, vocab, PERMUTATIONS)
     print(f"ngram K={K}: {drafts} drafts ({base_drafts} in the waves of 64, {len(steps)} steps), {drafted} draft "
