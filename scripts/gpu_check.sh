@@ -14,11 +14,14 @@
 #   bash scripts/gpu_check.sh [--dry-run] [--work DIR]
 #
 # On a lent GPU without network or Transformer Engine (scripts/lib/device_check.sh): `--fetch-wheels` (on a machine
-# with PyPI) downloads requirements/device-megatron.txt into .whl/ (~50 MiB); `--device` (on the GPU, .whl carried)
-# installs them offline into WORK/venv over the machine's own torch and runs python -m recipe.megatron_check: the
-# tiny model through Megatron-Bridge vs HF logits, verl's converter mapping, the dist checkpoint save/load, DDP with
-# the distributed optimizer, verl's checkpoint manager save -> load -> identical next-step loss (bf16, one GPU). Its
-# CPU rehearsal is tests/megatron.
+# with PyPI) downloads requirements/device-megatron.txt into .whl/ (~50 MiB) and records, on vLLM CPU, the routes the
+# R3 step replays (.whl/r3: the tiny model, rollouts and the recipe's paths, recipe/testing/record_routes.py);
+# `--device` (on the GPU, .whl carried) installs them offline into WORK/venv over the machine's own torch and runs
+# python -m recipe.megatron_check: the tiny model through Megatron-Bridge vs HF logits, verl's converter mapping, the
+# dist checkpoint save/load, DDP with the distributed optimizer, verl's checkpoint manager save -> load -> identical
+# next-step loss (bf16, one GPU); then `replay`, R3: the recorded routes through verl's router replay in Megatron on
+# the GPU (fp32, after an optimizer step, each recipe path, bf16), every replayed route equal to vLLM's. Its CPU
+# rehearsal is tests/megatron.
 #
 # --dry-run prints each step's command and runs none of them (no GPU needed; it builds the tiny model on the CPU,
 # cached, to name it). --work DIR holds the checkpoint, the smoke run and one log per step (default

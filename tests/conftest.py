@@ -65,8 +65,27 @@ def vllm_engine(tiny_artifacts):
 
     # priority scheduling: with equal priorities it is vLLM's FCFS (ties go by arrival), and the priority test can
     # order requests on the same engine
+    # routed-expert capture on: the routing-replay tests read it (a server returns it only with routing_replay)
     engine = InProcessVLLM(tiny_artifacts.model_dir, max_model_len=ENGINE_MAX_MODEL_LEN, max_num_seqs=32, seed=0,
-                           scheduling_policy="priority")
+                           scheduling_policy="priority", enable_return_routed_experts=True)
     engine.run(engine.generate_forced([[0, 1]], [8]))  # the first request pays a one-off warmup (3-20 s)
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def route_records(vllm_engine, tiny_artifacts, tmp_path_factory):
+    """The single-turn routing-replay paths, recorded once on the session's engine for the engine and the Megatron
+    tests (``recipe.testing.route_paths.record_single_turn``)."""
+    from recipe.testing.route_paths import record_single_turn
+
+    return record_single_turn(vllm_engine, tiny_artifacts, tmp_path_factory.mktemp("routes"))
+
+
+@pytest.fixture(scope="session")
+def tool_route_records(tmp_path_factory):
+    """The multi-turn routing-replay paths, recorded once for the engine and the Megatron tests
+    (``recipe.testing.route_paths.record_tool_turns``): ``(model_dir, records)``."""
+    from recipe.testing.route_paths import record_tool_turns
+
+    return record_tool_turns(tmp_path_factory.mktemp("tool-routes"))

@@ -48,6 +48,7 @@ from .agent_loop import row_int
 from .fields import CAP, PARTIAL, ROLLOUT_STEP, SEED
 from .partial import RESUME_AT, ContinueFrom, PartialRef, StoredResponse, fetch_partial, mask_stale
 from .rollout_gate import GateWatch, gate_watch
+from .routes import StopRecorder, cover_routes, replay_on
 from .turns import TOOL_CALLS
 
 logger = logging.getLogger(__name__)
@@ -82,22 +83,17 @@ class TurnBoundary:
     answered_calls: list = field(default_factory=list)
 
 
-class _TurnClient:
+class _TurnClient(StopRecorder):
     """verl's server client for one trajectory: adds the row's priority and remembers how the last turn ended."""
 
     def __init__(self, inner, priority: int):
-        self.inner, self.priority = inner, priority
-        self.last_stop_reason: str | None = None
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+        super().__init__(inner)
+        self.priority = priority
 
     async def generate(self, request_id, **kwargs):
         if self.priority:
             kwargs["priority"] = self.priority
-        out = await self.inner.generate(request_id, **kwargs)
-        self.last_stop_reason = out.stop_reason
-        return out
+        return await super().generate(request_id, **kwargs)
 
 
 class _SkipAbortedParser:
@@ -134,12 +130,13 @@ class CappedToolAgentLoop(ToolAgentLoop):
         self._answers: dict[int, tuple] = {}  # the tool stage's replies so far, by call index
         self._cut_at: TurnBoundary | None = None  # where an abort cut this run
         self._resumed_from: tuple[StoredResponse, TurnBoundary] | None = None
-        server = self.server_manager
+        server = self._plain_server = self.server_manager
+        self._params = sampling_params
         ref = PartialRef.from_field(kwargs.get(PARTIAL))
         if ref is not None:
             stored, at = await self._fetch_resume(ref, int(kwargs["session_id"]))
             if at is None:  # finished before the abort: nothing to generate
-                return self._stale_masked(_as_stored(stored), stored)
+                return await self._routed(self._stale_masked(_as_stored(stored), stored))
             self._resumed_from = (stored, at)
             # never below what the trajectory holds: one already past this step's cap is trained as it is (as a
             # single-turn one is), not cut back to the cap by verl's final cut
@@ -151,7 +148,15 @@ class CappedToolAgentLoop(ToolAgentLoop):
         self.server_manager = self._client
         self.tool_parser = _SkipAbortedParser(self.tool_parser, self._client)
         self.gate = await gate_watch() if self._step is not None else None
-        return self._finish(await super().run(sampling_params, priority=priority, **kwargs))
+        return await self._routed(self._finish(await super().run(sampling_params, priority=priority, **kwargs)))
+
+    async def _routed(self, output: AgentLoopOutput) -> AgentLoopOutput:
+        """With routing replay, routes for every trained token (``recipe.adapter.routes``): a trajectory returned
+        from the store, resumed with its budget spent or ending in a tool reply carries none or too few."""
+        if replay_on(self.config):
+            await cover_routes(output, self._plain_server, self._params, self.config.actor_rollout_ref.model.path,
+                               cut=self._cut_at is not None)
+        return output
 
     def _finish(self, output: AgentLoopOutput) -> AgentLoopOutput:
         output.extra_fields[TOOL_CALLS] = self._tool_calls  # calls whose replies joined the trajectory (the traces)

@@ -1,7 +1,7 @@
 """``python -m recipe.megatron_check``: the Megatron check (package docstring) as one command.
 
     python -m recipe.megatron_check run --work DIR [--cpu] [--json FILE] [--resharded DIR]
-    python -m recipe.megatron_check replay --work DIR --rollouts FILE.npz [--cpu] [--json FILE]
+    python -m recipe.megatron_check replay --work DIR --rollouts FILE.npz [--paths FILE.npz] [--cpu] [--json FILE]
     torchrun --nproc_per_node 2 -m recipe.megatron_check reshard-save --work DIR --cpu
 
 ``run`` prints the table of rows and exits 0 only when every row passed. ``--cpu`` is the rehearsal on a CPU build of
@@ -62,7 +62,7 @@ def run(args) -> int:
 
     check.run("environment", environment)
     if check.rows[-1].ok and args.cmd == "replay":
-        replay.check(check, Path(args.rollouts))
+        replay.check(check, Path(args.rollouts), Path(args.paths) if args.paths else None)
     elif check.rows[-1].ok:
         steps.bridge_logits(check)
     if "provider" in check.state:
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--resharded", help="a reshard-save --work dir: load each checkpoint in it at TP=EP=1")
         if name == "replay":
             p.add_argument("--rollouts", required=True, help="vLLM rollouts with routes (replay.save_rollouts)")
+            p.add_argument("--paths", help="rollouts recorded through the recipe's agent loop, one per path "
+                                            "(recipe.testing.route_paths): replayed after one optimizer step")
     args = ap.parse_args(argv)
     return reshard_save(args) if args.cmd == "reshard-save" else run(args)
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from ..settings import parse_bool
 from .knobs import KNOBS, Knob
-from .router_replay import CONTINUE_R3
 
 _PARSED = tuple(k for k in KNOBS if k.kind != "script")
 
@@ -129,8 +128,6 @@ def _cross_env_errors(v: dict) -> list[str]:
                       "engine_workers.py reads router_replay only for the megatron and veomni strategies), and vLLM "
                       "CPU 0.28 cannot return routed experts (its CPU MoE kernel refuses the capture hook). Unset "
                       "ROUTER_REPLAY (or ROUTER_REPLAY=off) for the CPU preset")
-    if v["ROUTER_REPLAY"] == "R3" and v["OVER_SAMPLE_ENABLE"] and v["OVER_SAMPLE_REQUEUE"] == "continue":
-        errors.append(CONTINUE_R3)
     if "/" in v["EXPERIMENT_NAME"] or v["EXPERIMENT_NAME"] in (".", ".."):
         errors.append(f"EXPERIMENT_NAME={v['EXPERIMENT_NAME']!r} must be a plain directory name (no '/')")
     loggers = [s.strip() for s in v["TRAINER_LOGGER"].split(",") if s.strip()]

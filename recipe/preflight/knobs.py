@@ -57,20 +57,19 @@ def config_name(v: dict) -> str:
 
 def default_router_replay(v: dict) -> str:
     """``R3`` for a Mixture-of-Experts MODEL_PATH on Megatron, ``off`` otherwise (PRESET=cpu: verl's FSDP engine has
-    no router replay; a dense model has no routing; over-sample ``continue``: the partial-rollout store does not carry
-    routes, ``recipe.preflight.router_replay.CONTINUE_R3``). Why R3: docs/training.md, "Router replay"."""
+    no router replay; a dense model has no routing). Why R3: docs/training.md, "Router replay"."""
     import json
 
+    from ..hf_config import text_config
     from .model import expert_count
 
-    if is_cpu(v) or (v.get("OVER_SAMPLE_ENABLE") and v.get("OVER_SAMPLE_REQUEUE") == "continue"):
+    if is_cpu(v):
         return "off"
     try:
         hf = json.loads((Path(v["MODEL_PATH"]) / "config.json").read_text())
     except (OSError, ValueError, KeyError):
         return "off"  # the model check names the missing or broken config.json
-    hf = hf.get("text_config", hf) if isinstance(hf, dict) and isinstance(hf.get("text_config"), dict) else hf
-    return "R3" if isinstance(hf, dict) and expert_count(hf) else "off"
+    return "R3" if isinstance(hf, dict) and expert_count(text_config(hf)) else "off"
 
 
 def baseline_arm(v: dict) -> str | None:
@@ -325,8 +324,7 @@ KNOBS: tuple[Knob, ...] = (
          "the experts it chose for every token and Megatron replays them in the log-prob pass and the update, so "
          "trainer and rollout route alike (Rollout Router Replay); `R2`: Megatron records its own routes in the "
          "log-prob pass and replays them in the update; `off`. The preflight states the routing data it moves per step",
-         default_doc="`R3` for an MoE MODEL_PATH on Megatron; `off` for a dense model, PRESET=cpu and over-sample "
-         "`continue`",
+         default_doc="`R3` for an MoE MODEL_PATH on Megatron; `off` for a dense model and PRESET=cpu",
          choices=("off", "R2", "R3"), group=_G_RECIPE),
     Knob("TAIL_CUT_ENABLE", "bool", "0", "recipe.tail_cut.enable", "end each step's rollout once TAIL_CUT_FRACTION of "
          "its responses are done; the rest are aborted and trained as truncated (on-policy; not with over-sampling)",

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..hf_config import text_config
+
 
 def model_config(model_path: str, errors: list[str]) -> dict | None:
     cfg_file = Path(model_path) / "config.json"
@@ -19,7 +21,7 @@ def model_config(model_path: str, errors: list[str]) -> dict | None:
     if not any((Path(model_path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         errors.append(f"MODEL_PATH={model_path} has no tokenizer (tokenizer.json / tokenizer_config.json): verl "
                       "and vLLM load the tokenizer from MODEL_PATH")
-    hf = hf.get("text_config", hf) if isinstance(hf.get("text_config"), dict) else hf
+    hf = text_config(hf)
     for key in ("num_hidden_layers", "num_attention_heads"):
         if not isinstance(hf.get(key), int):
             errors.append(f"MODEL_PATH={model_path}: config.json has no integer {key}")

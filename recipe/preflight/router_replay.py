@@ -14,16 +14,6 @@ from .batches import is_on
 from .knobs import ARR, MEG
 from .model import expert_count
 
-# A resumed response is re-prefilled from prompt + stored tokens, and vLLM returns routes for all of them; but a
-# session that had already finished is handed back from the store without a server call (ContinueFrom), so its
-# trajectory has no routed_experts while its siblings have them, and TransferQueue refuses a batch with a field
-# missing in some samples (transfer_queue/interface.py kv_batch_get).
-CONTINUE_R3 = ("ROUTER_REPLAY=R3 with OVER_SAMPLE_ENABLE=1 and OVER_SAMPLE_REQUEUE=continue: a resumed group's "
-               "sessions that had already finished come back from the partial-rollout store without the routes vLLM "
-               "recorded (recipe/adapter/partial.py keeps only tokens and log-probs), so the step would mix "
-               "trajectories with and without routed_experts and fail in TransferQueue; use "
-               "OVER_SAMPLE_REQUEUE=restart, or ROUTER_REPLAY=R2 / off (unset ROUTER_REPLAY: the default is off with "
-               "continue)")
 ROLLOUT_KEY = f"{ARR}.rollout.enable_rollout_routing_replay"
 MODE_KEY = f"{MEG}.router_replay.mode"
 TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k")
@@ -73,9 +63,6 @@ def check_router_replay(cfg: Mapping, hf: dict | None, errors: list[str], notes:
         errors.append(f"{MEG}.dynamic_context_parallel=True with moe_router_fusion and ROUTER_REPLAY={mode}: verl's "
                       "dynamic CP raises \"Dynamic CP router replay requires moe_router_fusion=False\"; set "
                       f"{MEG}.override_transformer_config.moe_router_fusion=False")
-    if mode == "R3" and is_on(select(cfg, "recipe.over_sample.enable")) \
-            and select(cfg, "recipe.over_sample.requeue") == "continue" and CONTINUE_R3 not in errors:
-        errors.append(CONTINUE_R3)
 
 
 def installed_vllm() -> str | None:

@@ -49,3 +49,21 @@ def make_trainer(tiny_artifacts, tmp_path, *overrides):
     trainer._init_dataloader()
     trainer.global_steps = 1
     return trainer
+
+
+def build_agent_loop(cfg, server, tokenizer, name: str | None = None, tools=None):
+    """The agent loop ``name`` (default: the config's default loop) from configs/agent_loops.yaml, built with the same
+    instantiate call as verl's ``AgentLoopWorker._run_agent_loop``. Build it inside the event loop that runs it."""
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+
+    from recipe.adapter.dataset import LengthAwareRLHFDataset
+
+    agent = cfg.actor_rollout_ref.rollout.agent
+    name = name or agent.default_agent_loop
+    entry = next(e for e in OmegaConf.load(agent.agent_loop_config_path) if e.name == name)
+    extra = {"tools": ToolListWrap(tools)} if tools is not None else {}
+    return hydra.utils.instantiate(entry, trainer_config=DictConfigWrap(config=cfg), server_manager=server,
+                                   tokenizer=tokenizer, processor=None, hf_model_type="qwen3_moe",
+                                   dataset_cls=LengthAwareRLHFDataset, data_config=DictConfigWrap(cfg.data), **extra)

@@ -181,17 +181,19 @@ class EngineServerManager:
     ``repetition_penalty=1.0``/``ignore_eos=False``, use a fresh vLLM request id (``_vllm_request_id``), map
     ``finish_reason`` abort -> ``"aborted"``, stop/length -> ``"completed"``, and fill ``extra_fields`` with
     ``global_steps``/``min_global_steps``/``max_global_steps``. Not mirrored: multimodal data, LoRA, PD
-    disaggregation, routing replay, ``full_determinism`` (request-id passthrough, per-request seed), and the
+    disaggregation, ``full_determinism`` (request-id passthrough, per-request seed), and the
     pause/admission gate of ``abort_all_requests``: ``abort_all`` here aborts without pausing, the engine keeps
-    serving.
+    serving. With ``routing_replay`` (the server's ``enable_rollout_routing_replay``) it returns vLLM's routed experts
+    (the engine must capture them: ``enable_return_routed_experts``).
     """
 
     def __init__(self, engine: InProcessVLLM, *, prompt_length: int, response_length: int,
-                 global_steps: Optional[int] = None):
+                 global_steps: Optional[int] = None, routing_replay: bool = False):
         self.engine = engine
         self.prompt_length = prompt_length
         self.response_length = response_length
         self.global_steps = global_steps
+        self.routing_replay = routing_replay
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        image_data: Optional[list[Any]] = None, audio_data: Optional[list[Any]] = None,
@@ -232,7 +234,8 @@ class EngineServerManager:
         stop_reason = {"abort": "aborted", "stop": "completed", "length": "completed"}.get(out.finish_reason,
                                                                                           out.finish_reason)
         return TokenOutput(token_ids=list(out.token_ids), log_probs=log_probs, stop_reason=stop_reason,
-                           num_preempted=getattr(out, "num_preempted", None), routed_experts=None,
+                           num_preempted=getattr(out, "num_preempted", None),
+                           routed_experts=out.routed_experts if self.routing_replay else None,
                            extra_fields=extra_fields)
 
     async def abort_all(self) -> list[str]:

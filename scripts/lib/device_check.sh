@@ -11,7 +11,8 @@ device_section() {
     sed -n "/^# --$1\$/,/^# --/{/^#/d;/^\$/d;p}" "$DEVICE_REQ"
 }
 
-# fetch_device_wheels PY: download the wheels for CPython 3.12 / manylinux x86_64 into .whl/ (needs PyPI).
+# fetch_device_wheels PY: download the wheels for CPython 3.12 / manylinux x86_64 into .whl/ (needs PyPI), and
+# record the R3 step's routes on vLLM CPU into .whl/r3 (needs the CPU stack).
 fetch_device_wheels() {
     local py="$1" tmp mib
     mkdir -p "$(dirname "$DEVICE_WHEELS")"
@@ -29,6 +30,11 @@ fetch_device_wheels() {
         rm -rf "$tmp"
         die "could not download the device wheels (above); nothing was changed in $DEVICE_WHEELS"
     fi
+    # the R3 replay step's inputs: routes vLLM CPU records here (the lent GPU has no vLLM), and the model they are of
+    if ! "$py" -m recipe.testing.record_routes "$tmp/r3"; then
+        rm -rf "$tmp"
+        die "could not record the routes for the R3 step (above); nothing was changed in $DEVICE_WHEELS"
+    fi
     mib=$(( $(du -sk "$tmp" | cut -f1) / 1024 ))
     if (( mib > DEVICE_CARRY_LIMIT_MIB )); then
         rm -rf "$tmp"
@@ -40,7 +46,8 @@ fetch_device_wheels() {
         "on the lent GPU: bash scripts/gpu_check.sh --device (carry .whl)" >&2
 }
 
-# run_device_check PY WORK DRY: install .whl/ into a venv over PY's packages (offline), then the Megatron check.
+# run_device_check PY WORK DRY: install .whl/ into a venv over PY's packages (offline), then the Megatron check
+# and the R3 replay of the routes .whl/r3 carries (bf16 and fp32 on the GPU against vLLM CPU's fp32 routes).
 run_device_check() {
     local py="$1" work="$2" dry="$3" venv="$2/venv"
     local -a nodeps withdeps sdist commands
@@ -57,6 +64,9 @@ run_device_check() {
         "$(printf '%q ' "${pip[@]}" "${withdeps[@]}")"
         "$(printf '%q ' env PYTHONPATH="$ROOT" "$venv/bin/python" -m recipe.megatron_check run --work "$work/check" \
             --json "$work/rows.json")"
+        "$(printf '%q ' env PYTHONPATH="$ROOT" "$venv/bin/python" -m recipe.megatron_check replay \
+            --work "$work/replay" --model "$DEVICE_WHEELS/r3/model" --rollouts "$DEVICE_WHEELS/r3/rollouts.npz" \
+            --paths "$DEVICE_WHEELS/r3/paths.npz" --json "$work/replay-rows.json")"
     )
     if (( dry )); then
         printf 'device: %s\n' "${commands[@]}"
@@ -64,6 +74,8 @@ run_device_check() {
     fi
     [[ -d "$DEVICE_WHEELS" ]] || die "$DEVICE_WHEELS is missing: run bash scripts/gpu_check.sh --fetch-wheels on a" \
         "machine with PyPI and carry .whl to this one"
+    [[ -f "$DEVICE_WHEELS/r3/paths.npz" ]] || die "$DEVICE_WHEELS/r3 (the routes the R3 step replays) is missing:" \
+        "run bash scripts/gpu_check.sh --fetch-wheels again on the CPU machine (it records them) and carry .whl"
     local command
     for command in "${commands[@]}"; do
         echo "gpu_check.sh --device: $command" >&2

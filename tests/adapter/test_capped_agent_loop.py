@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from recipe.adapter.agent_loop import AGENT_LOOP_NAME, CappedSingleTurnAgentLoop
 from recipe.adapter.fields import CAP
-from recipe.testing.recipe_config import RESPONSE_LENGTH, compose_recipe
+from recipe.testing.recipe_config import RESPONSE_LENGTH, build_agent_loop, compose_recipe
 from recipe.testing.vllm_engine import EngineServerManager
 
 pytestmark = pytest.mark.engine
@@ -30,7 +30,6 @@ def test_agent_loops_yaml_registers_the_capped_loop_as_verl_loads_it(recipe_conf
 
 def test_caps_stop_exactly_and_shared_params_are_untouched(vllm_engine, tiny_artifacts, tmp_path):
     from transformers import AutoTokenizer
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
     from recipe.adapter.dataset import LengthAwareRLHFDataset
 
@@ -44,15 +43,11 @@ def test_caps_stop_exactly_and_shared_params_are_untouched(vllm_engine, tiny_art
     rollout = cfg.actor_rollout_ref.rollout
     shared = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=False, ignore_eos=True)
     before = copy.deepcopy(shared)
-    entry = OmegaConf.load(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)[0]
     server = EngineServerManager(vllm_engine, prompt_length=rollout.prompt_length,
                                  response_length=rollout.response_length)
 
     async def run_all():
-        # the same instantiate call as AgentLoopWorker._run_agent_loop
-        loop = hydra.utils.instantiate(entry, trainer_config=DictConfigWrap(config=cfg), server_manager=server,
-                                       tokenizer=tok, processor=None, hf_model_type="qwen3_moe",
-                                       dataset_cls=LengthAwareRLHFDataset, data_config=DictConfigWrap(cfg.data))
+        loop = build_agent_loop(cfg, server, tok)  # the same instantiate call as AgentLoopWorker._run_agent_loop
         assert isinstance(loop, CappedSingleTurnAgentLoop)
         return await asyncio.gather(*(loop.run(shared, **row) for row in rows))
 

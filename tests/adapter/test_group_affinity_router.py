@@ -70,11 +70,12 @@ def test_verl_loads_the_class_from_the_recipe_yaml():
 
 
 def test_the_knob_sets_verls_router_config_path():
+    """On the random CPU model: the knob does not depend on the model, and the trained one may still be building."""
     from recipe.preflight import run_preflight
 
     key = "actor_rollout_ref.rollout.router_config_path="
-    on = run_preflight(env={"PRESET": "cpu", "ROLLOUT_GROUP_AFFINITY": "1"})
+    on = run_preflight(env={"PRESET": "cpu", "CPU_MODEL": "random", "ROLLOUT_GROUP_AFFINITY": "1"})
     assert on.ok, on.errors
     assert [o for o in on.overrides if o.startswith(key)] == [f"{key}'{GROUP_AFFINITY_ROUTER}'"]
-    off = run_preflight(env={"PRESET": "cpu"})
+    off = run_preflight(env={"PRESET": "cpu", "CPU_MODEL": "random"})
     assert off.ok and not [o for o in off.overrides if o.startswith(key)], "off by default"

@@ -55,12 +55,9 @@ def test_stored_tokens_that_fill_the_budget_are_returned_without_a_request():
 
 def test_a_single_turn_response_resumes_after_its_stored_tokens(recipe_config, monkeypatch):
     """CappedSingleTurnAgentLoop: verl's loop sees one response, the stored tokens plus the continuation."""
-    import hydra
-    from omegaconf import OmegaConf
     from transformers import AutoTokenizer
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-    from recipe.adapter.dataset import LengthAwareRLHFDataset
+    from recipe.testing.recipe_config import build_agent_loop
 
     async def fetch(ref, session, turns=False):
         assert (ref.key(session), turns) == ("u_0_0", False)
@@ -69,15 +66,11 @@ def test_a_single_turn_response_resumes_after_its_stored_tokens(recipe_config, m
     monkeypatch.setattr("recipe.adapter.agent_loop.fetch_partial", fetch)
     server = Server([([7, 8], -0.3, "completed")])
     tokenizer = AutoTokenizer.from_pretrained(recipe_config.actor_rollout_ref.model.path)
-    entry = OmegaConf.load(recipe_config.actor_rollout_ref.rollout.agent.agent_loop_config_path)[0]
     ref = PartialRef(key_prefix="u", partition_id="train", complete=[False], min_version=2, resumes=1,
                      has_logprobs=True)
 
     async def go():
-        loop = hydra.utils.instantiate(entry, trainer_config=DictConfigWrap(config=recipe_config),
-                                       server_manager=server, tokenizer=tokenizer, processor=None,
-                                       hf_model_type="qwen3_moe", dataset_cls=LengthAwareRLHFDataset,
-                                       data_config=DictConfigWrap(recipe_config.data))
+        loop = build_agent_loop(recipe_config, server, tokenizer)
         return await loop.run({"logprobs": True}, raw_prompt=[{"role": "user", "content": "hi"}], session_id=0,
                               **{CAP: 20, PARTIAL: ref.to_json()})
 

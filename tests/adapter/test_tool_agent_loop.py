@@ -11,7 +11,7 @@ of TransferQueue's read.
 """
 import asyncio
 import json
-import subprocess
+import os
 import time
 from pathlib import Path
 
@@ -27,7 +27,8 @@ from recipe.adapter.turns import TOOL_CALLS
 from recipe.core.seeds import turn_seed
 from recipe.testing import tiny_sft
 from recipe.testing import tiny_tasks as tasks
-from recipe.testing.recipe_config import compose_recipe
+from recipe.testing.proc_tree import named_below
+from recipe.testing.recipe_config import build_agent_loop, compose_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 CALC_CONFIG = REPO / "recipe" / "tools" / "configs" / "calculator.yaml"
@@ -87,16 +88,7 @@ class ScriptedServer:
 
 
 def make_loop(cfg, tokenizer, server, tools):
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-
-    from recipe.adapter.dataset import LengthAwareRLHFDataset
-
-    entry = next(e for e in OmegaConf.load(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
-                 if e.name == TOOL_AGENT_LOOP_NAME)
-    return hydra.utils.instantiate(entry, trainer_config=DictConfigWrap(config=cfg), server_manager=server,
-                                   tokenizer=tokenizer, processor=None, hf_model_type="qwen3_moe",
-                                   dataset_cls=LengthAwareRLHFDataset, data_config=DictConfigWrap(cfg.data),
-                                   tools=ToolListWrap(tools))
+    return build_agent_loop(cfg, server, tokenizer, name=TOOL_AGENT_LOOP_NAME, tools=tools)
 
 
 def load_tools(path):
@@ -233,8 +225,8 @@ async def local_gate_watch(monkeypatch, closed_for: int | None = None) -> tuple[
 
 
 def bwrap_processes() -> int:
-    r = subprocess.run(["pgrep", "-c", "-x", "bwrap"], capture_output=True, text=True)
-    return int(r.stdout.strip() or 0)
+    """bwrap processes under this one: the e2e launches running beside the suite have their own."""
+    return len(named_below(os.getpid(), "bwrap"))
 
 
 def no_bwrap_within(seconds: float) -> bool:

@@ -392,3 +392,25 @@ def test_rollout_logprobs_are_recomputed_unless_bypass_mode():
     from verl.workers.config.rollout import RolloutConfig
 
     assert RolloutConfig.__dataclass_fields__["logprobs_mode"].default == "processed_logprobs"
+
+
+def test_routing_replay_behaviour_the_recipes_loops_rely_on():
+    """What recipe/adapter/routes.py assumes of verl and vLLM for R3: the server returns the routes of a request's
+    final output (an aborted one too) only with the rollout key; verl's loops keep the last turn's routes sliced
+    to prompt + response; TransferQueue refuses a batch missing the field in some samples; Megatron's replay mask
+    skips a sequence without response tokens."""
+    recheck = "recipe/adapter/routes.py"
+    check_module_source("verl.workers.rollout.vllm_rollout.vllm_async_server",
+                        ["if self.config.enable_rollout_routing_replay:",
+                         "routed_experts = final_res.outputs[0].routed_experts"], recheck)
+    check_module_source("vllm.v1.engine.output_processor",
+                        ["if finished and self.routed_experts_chunks:", "finish_reason=FinishReason.ABORT,"], recheck)
+    check_source(f"{TOOL_LOOP}._handle_generating_state",
+                 ["if output.routed_experts is not None:", "agent_data.routed_experts = output.routed_experts"],
+                 recheck)
+    check_source("verl.experimental.agent_loop.single_turn_agent_loop:SingleTurnAgentLoop.run",
+                 ["output.routed_experts[: len(prompt_ids) + self.response_length]"], recheck)
+    check_source("verl.trainer.ppo.metric_utils:get_metric_data_with_optional_routed_experts",
+                 ['if "routed_experts" not in str(exc):'], recheck)
+    check_source("verl.utils.megatron.router_replay_utils:build_r3_replay_mask",
+                 ["torch.where(response_lens > 0, total_lens - 1, torch.zeros_like(total_lens))"], recheck)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from recipe.testing.cpu_runs import Launcher, Run, RunPool, require_success
+from recipe.testing.cpu_runs import REPO, Launcher, Run, RunPool, require_success
 
 PARALLEL_ENV = "RECIPE_E2E_PARALLEL"
 
@@ -26,8 +27,8 @@ PARALLEL_ENV = "RECIPE_E2E_PARALLEL"
 # halving them, a rising smoke reward) are written for it. The multi-turn runs use the trained one.
 RANDOM_MODEL = {"CPU_MODEL": "random"}
 
-# Checkpoints every 4 steps; the resampler run is killed mid-epoch 1 (steps 7-12) after global_step_8.
-CHECKPOINTS = {"SAVE_CKPT_ENABLE": "1", "TRAINER_SAVE_FREQ": "4", "MAX_CKPT_TO_KEEP": "10", **RANDOM_MODEL}
+# Checkpoints every 4 steps; the multi-turn resume run is killed mid-epoch 1 (steps 7-12) after global_step_8.
+CHECKPOINTS = {"SAVE_CKPT_ENABLE": "1", "TRAINER_SAVE_FREQ": "4", "MAX_CKPT_TO_KEEP": "10"}
 CHECKPOINT = 8
 
 # Over-sampling: 10 groups launched per step (8 + 25%), vLLM runs 16 sequences at a time, so the groups that lose the
@@ -84,8 +85,7 @@ def _multi_turn(name: str, extra: dict, args: tuple = (), slow: dict | None = No
 
 # The multi-turn preset as a user runs it (the real calculator, in the sandbox), with checkpoints, killed with
 # SIGKILL mid-epoch after global_step_8 and relaunched: resumption, and whether GRPO's reward rises over 18 steps.
-MT_RESUME = {"MULTI_TURN": "1", "SAVE_CKPT_ENABLE": "1", "TRAINER_SAVE_FREQ": "4", "MAX_CKPT_TO_KEEP": "10",
-             "EXPERIMENT_NAME": "mt-resume"}
+MT_RESUME = {"MULTI_TURN": "1", **CHECKPOINTS, "EXPERIMENT_NAME": "mt-resume"}
 
 
 def _multi_turn_resume(launcher: Launcher) -> Run:
@@ -93,12 +93,11 @@ def _multi_turn_resume(launcher: Launcher) -> Run:
 
 
 def _resampler(launcher: Launcher) -> Run:
-    return launcher.kill_and_relaunch("resampler", CHECKPOINTS, experiment="cpu-grpo-resampler",
-                                      checkpoint=CHECKPOINT)
+    return launcher.run("resampler", {**CHECKPOINTS, **RANDOM_MODEL}, experiment="cpu-grpo-resampler")
 
 
 def _baseline(launcher: Launcher) -> Run:
-    return launcher.run("baseline", {"BASELINE_NO_RESAMPLE": "1", **CHECKPOINTS})
+    return launcher.run("baseline", {"BASELINE_NO_RESAMPLE": "1", **CHECKPOINTS, **RANDOM_MODEL})
 
 
 def _continue(launcher: Launcher) -> Run:
@@ -116,7 +115,6 @@ def _restart_without_sync(launcher: Launcher):
     Hydra, whose global state the session's other tests use); the run itself starts later, in a pool thread."""
     from recipe.cpu.preset import CONFIG_NAME, PLATFORM_ENV
     from recipe.preflight import run_preflight
-    from recipe.testing.cpu_runs import REPO
 
     env = {"PRESET": "cpu", "CKPT_ROOT": str(launcher.base / "restart-no-sync"), "EXPERIMENT_NAME": "restart-no-sync",
            "RECIPE_FIXTURE_CACHE": os.environ.get("RECIPE_FIXTURE_CACHE", ""), **OVER_SAMPLE,
@@ -129,11 +127,12 @@ def _restart_without_sync(launcher: Launcher):
                                                  experiment="restart-no-sync")
 
 
-# fixture name -> (called in the main thread) -> the job a pool thread runs; longest first (the pool starts them in
-# this order): the resampler and multi-turn resume runs are two launches each.
-JOBS = {"resampler_run": lambda launcher: _resampler, "multi_turn_resume_run": lambda launcher: _multi_turn_resume,
-        "baseline_run": lambda launcher: _baseline,
-        "restart_without_sync_run": _restart_without_sync, "continue_run": lambda launcher: _continue,
+# fixture name -> (called in the main thread) -> the job a pool thread runs, in the order the pool starts them: the
+# random model's runs first, while the trained model the multi-turn runs need is built beside them
+# (:func:`_build_trained_model`), then the longest of the rest (the multi-turn resume run is two launches).
+JOBS = {"resampler_run": lambda launcher: _resampler, "baseline_run": lambda launcher: _baseline,
+        "restart_without_sync_run": _restart_without_sync,
+        "multi_turn_resume_run": lambda launcher: _multi_turn_resume, "continue_run": lambda launcher: _continue,
         "multi_turn_os_run": _multi_turn("mt-os", {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25",
                                                    "OVER_SAMPLE_REQUEUE": "continue",
                                                    "ROLLOUT_SCHEDULING_POLICY": "priority"},
@@ -141,7 +140,19 @@ JOBS = {"resampler_run": lambda launcher: _resampler, "multi_turn_resume_run": l
         "multi_turn_tail_cut_run": _multi_turn("mt-tail-cut", {"TAIL_CUT_ENABLE": "1", "TAIL_CUT_FRACTION": "0.6",
                                                                "TAIL_CUT_LEVEL_EXPONENT": "0",
                                                                "SAMPLER_ORDER_BY": "time"})}
+TRAINED_MODEL_JOBS = {"multi_turn_resume_run", "multi_turn_os_run", "multi_turn_tail_cut_run"}
 _session: dict = {}
+
+
+def _build_trained_model(launcher: Launcher) -> subprocess.Popen:
+    """Start building the multi-turn preset's fixtures (the trained tiny model: ~8 CPU-minutes) in the background.
+    Left to the first multi-turn launch, the build held up every launch after it (its preflight waited ~10 min on a
+    loaded machine); built beside the random model's runs, it is ready when they are done. The fixture lock makes the
+    preflight (or a test) wait for this build, or build itself if this one failed."""
+    build = "from recipe.cpu.preset import cpu_env; cpu_env({'MULTI_TURN': '1'})"
+    with (launcher.base / "trained-model-build.log").open("w") as log:
+        return subprocess.Popen([sys.executable, "-c", build], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def pytest_collection_modifyitems(items):
@@ -176,15 +187,22 @@ def pytest_collection_finish(session):
     pool = RunPool(launcher, int(slots))
     # a SIGTERM to pytest (a CI timeout) ends the session, and with it every run's processes
     _session.update(pool=pool, sigterm=signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM)))
+    if needed & TRAINED_MODEL_JOBS:
+        _session["build"] = _build_trained_model(launcher)
     for name, prepare in JOBS.items():
         if name in needed:
             pool.submit(name, prepare(launcher))
 
 
 def pytest_sessionfinish(session):
+    if "build" in _session and _session["build"].poll() is None:
+        _session["build"].kill()
+    _session.pop("build", None)
     if "pool" in _session:
-        _session.pop("pool").close()
+        left = _session.pop("pool").close()
         signal.signal(signal.SIGTERM, _session.pop("sigterm"))
+        if left:
+            pytest.exit(f"e2e runs left processes alive after SIGKILL: {left}", returncode=pytest.ExitCode.TESTS_FAILED)
 
 
 def _result(name: str) -> Run:
@@ -195,10 +213,9 @@ def _result(name: str) -> Run:
 
 @pytest.fixture(scope="session")
 def resampler_run() -> Run:
-    """The main command as a user runs it without a GPU (the CPU preset, with checkpoints), killed with SIGKILL
-    mid-epoch after a checkpoint and relaunched with the same command: the relaunch resumes through verl's
-    checkpoint manager and runs to the end. ``run.killed`` is the first launch (its output and its traces as they
-    were at the kill, i.e. the uninterrupted steps after the checkpoint)."""
+    """The main command as a user runs it without a GPU (the CPU preset on its random model, with checkpoints), one
+    launch to the end. Resumption is ``multi_turn_resume_run``'s: one killed launch proves it for both presets (the
+    sampler, the checkpoint and verl's resume are the same code; each launch costs minutes of start-up)."""
     return _result("resampler_run")
 
 
@@ -232,8 +249,10 @@ def multi_turn_os_run() -> Run:
 @pytest.fixture(scope="session")
 def multi_turn_resume_run() -> Run:
     """``MULTI_TURN=1`` as the main command runs it (18 steps, the recipe's calculator in the sandbox) with
-    checkpoints, killed with SIGKILL after ``global_step_8`` and step 10, then relaunched to the end; ``run.killed``
-    is the first launch."""
+    checkpoints, killed with SIGKILL mid-epoch after ``global_step_8`` and step 10, then relaunched with the same
+    command: the relaunch resumes through verl's checkpoint manager and runs to the end. ``run.killed`` is the first
+    launch (its output and its traces as they were at the kill, i.e. the uninterrupted steps after the
+    checkpoint)."""
     return _result("multi_turn_resume_run")
 
 

@@ -16,22 +16,21 @@ STEPS = EPOCHS * N_TRAIN // BATCH
 
 
 def test_main_command_runs_the_cpu_preset_to_the_end(resampler_run):
-    """Both launches are the bare main command on a machine without a GPU (checkpoints on): the banner, the
-    preflight, a progress line per step, the run directory with a metrics log and a console log per launch."""
-    run_dir, first = resampler_run.run_dir, resampler_run.killed
-    for out in (first.output, resampler_run.output):
-        assert "running the CPU preset (PRESET=cpu)" in out and "preflight: OK" in out
+    """The bare main command on a machine without a GPU (checkpoints on): the banner, the preflight, a progress line
+    per step, the run directory with its metrics log, console log, traces and offline wandb run."""
+    run_dir, out = resampler_run.run_dir, resampler_run.output
+    assert "running the CPU preset (PRESET=cpu)" in out and "preflight: OK" in out
     assert resampler_run.experiment == "cpu-grpo-resampler"
-    assert len(list((run_dir / "logs").glob("metrics.*.jsonl"))) == 2  # one per launch: a resume truncates none
-    assert len(list((run_dir / "logs").glob("console.*.log"))) == 2
+    assert len(list((run_dir / "logs").glob("metrics.*.jsonl"))) == 1
+    assert len(list((run_dir / "logs").glob("console.*.log"))) == 1
     assert (run_dir / "length_traces.jsonl").is_file()
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb runs offline into the run directory"
-    progress = [line for out in (first.output, resampler_run.output) for line in out.splitlines()
-                if "[recipe] step " in line]
+    progress = [line for line in out.splitlines() if "[recipe] step " in line]
     steps = {int(line.split("[recipe] step ")[1].split("/")[0]) for line in progress}
     assert steps == set(range(1, STEPS + 1)) and f"step {STEPS}/{STEPS}" in progress[-1]
-    assert f"finished with status 0; run dir {run_dir}" in resampler_run.output
+    assert f"finished with status 0; run dir {run_dir}" in out
     assert sorted(resampler_run.metrics()) == list(range(1, STEPS + 1))
+    assert sorted(int(p.name.split("_")[-1]) for p in run_dir.glob("global_step_*")) == [4, 8, 12, 16, 18]
 
 
 def test_every_prompt_trained_once_per_epoch_with_all_its_responses(resampler_run):

@@ -1,47 +1,41 @@
-"""Resume through verl: the resampler run was killed with SIGKILL mid-epoch, after a checkpoint, and relaunched with
-the same command (tests/e2e/conftest.py). The relaunch continues exactly as the uninterrupted run did: the steps
-the killed launch had already completed after the checkpoint come out identical when redone (same rows in the same
-order, same predictions, caps and lengths: ``ROLLOUT_SAMPLING_SEED`` makes the rollouts reproducible), and the rest
-of the interrupted epoch follows the order saved in verl's ``data.pt``."""
+"""Resume through verl: the multi-turn resume run was killed with SIGKILL mid-epoch, after a checkpoint, and
+relaunched with the same command (tests/e2e/conftest.py ``multi_turn_resume_run``). Both launches are the bare main
+command; the relaunch resumes from the checkpoint and the rest of the interrupted epoch follows the order saved in
+verl's ``data.pt`` (that the redone steps come out identical, tool calls and all, is
+tests/e2e/test_multi_turn.py's ``test_kill_9_then_relaunch_redoes_the_multi_turn_steps_exactly``). One killed run
+serves both presets: the sampler, its checkpoint and verl's resume are the same code for single- and multi-turn."""
 import numpy as np
 import torch
 
 from recipe.cpu.preset import CPU_VALUES
 
 BATCH = int(CPU_VALUES["TRAIN_BATCH_SIZE"])
-PER_RESPONSE = ("lengths", "finish", "predicted", "prompt_keys")
 
 
-def by_response(rec: dict) -> dict:
-    """(row, sample index) -> what the trace recorded for that response (a record lists the responses in the order
-    verl's replay buffer returned them, which follows completion)."""
-    return {(r, s): tuple(rec[f][i] for f in PER_RESPONSE)
-            for i, (r, s) in enumerate(zip(rec["rows"], rec["sample_index"]))}
+def test_both_launches_are_the_main_command_and_the_relaunch_resumes(multi_turn_resume_run):
+    run, killed = multi_turn_resume_run, multi_turn_resume_run.killed
+    for out in (killed.output, run.output):
+        assert "running the CPU preset (PRESET=cpu)" in out and "preflight: OK" in out
+    assert "Training from scratch" in killed.output
+    assert f"Resuming from {run.run_dir}/global_step_{killed.checkpoint}" in run.output
+    assert max(killed.steps_after_checkpoint) < 12, "killed mid-epoch (epoch 1 is steps 7-12)"
+    # one log of each kind per launch: the relaunch truncates none of the first launch's
+    assert len(list((run.run_dir / "logs").glob("metrics.*.jsonl"))) == 2
+    assert len(list((run.run_dir / "logs").glob("console.*.log"))) == 2
+    assert f"finished with status 0; run dir {run.run_dir}" in run.output
 
 
-def test_kill_9_mid_epoch_then_relaunch_continues_like_the_uninterrupted_run(resampler_run):
-    killed, run_dir = resampler_run.killed, resampler_run.run_dir
-    assert f"Resuming from {run_dir}/global_step_{killed.checkpoint}" in resampler_run.output
-    uninterrupted = killed.steps_after_checkpoint
-    assert uninterrupted and uninterrupted[0] == killed.checkpoint + 1
-    assert max(uninterrupted) < 12, "killed mid-epoch (epoch 1 is steps 7-12)"
-    redone = resampler_run.traces()
-    for step in uninterrupted:
-        before, after = killed.traces[step], redone[step]
-        assert (after["epoch"], after["cap"]) == (before["epoch"], before["cap"]), f"step {step}"
-        assert by_response(after) == by_response(before), f"step {step}: the responses differ after the resume"
-
-
-def test_resumed_epoch_follows_the_order_in_the_checkpoint(resampler_run):
+def test_resumed_epoch_follows_the_order_in_the_checkpoint(multi_turn_resume_run):
     """What verl restored (the sampler's state in global_step_8/data.pt) is what the relaunch trained: the rest of
     epoch 1 in the saved order, with the saved estimates as the predictions of step 9."""
-    checkpoint = resampler_run.killed.checkpoint
-    state = torch.load(resampler_run.run_dir / f"global_step_{checkpoint}" / "data.pt", weights_only=False)
+    run = multi_turn_resume_run
+    checkpoint = run.killed.checkpoint
+    state = torch.load(run.run_dir / f"global_step_{checkpoint}" / "data.pt", weights_only=False)
     sampler = next(v for _, v in _walk(state) if isinstance(v, dict) and "plan" in v and "num_rows" in v)
     plan = sampler["plan"]
     order, position = np.asarray(plan["order"]), int(plan["position"])
     assert position == 2 * BATCH  # two of epoch 1's six steps were trained before the checkpoint
-    traces = resampler_run.traces()
+    traces = run.traces()
     for i, step in enumerate(range(checkpoint + 1, 13)):
         batch = order[position + i * BATCH: position + (i + 1) * BATCH]
         assert set(traces[step]["rows"]) == set(batch.tolist()), f"step {step} trained another batch"

@@ -2,50 +2,35 @@
 through verl's router-replay code (``python -m recipe.megatron_check replay``, :mod:`recipe.megatron_check.replay`
 has the measured numbers).
 
-The engine runs here; the Megatron check in a subprocess (Megatron's process groups are global to a process) reads
-the recorded sequences from an ``.npz`` file and writes its rows as JSON, which the tests assert on. ~75 s on 2 cores.
+The engine runs here (``recipe.testing.record_routes``, what ``scripts/gpu_check.sh --fetch-wheels`` records for the
+lent GPU); the Megatron check in a subprocess (Megatron's process groups are global to a process) reads the recorded
+sequences from ``.npz`` files and writes its rows as JSON, which the tests assert on. The recipe's paths replay on the
+tiny random model and, multi-turn, on the trained one. ~2 min on 2 cores.
 """
 import json
 import sys
 
-import numpy as np
 import pytest
 
 from recipe.testing.megatron_site import run_with_megatron
 
 pytestmark = [pytest.mark.megatron, pytest.mark.engine, pytest.mark.slow]
-_rng = np.random.default_rng(1)
-PROMPTS = [[int(t) for t in _rng.integers(3, 900, n)] for n in (7, 23, 41)]
-LENGTHS = [32, 24, 40]
-
-
-def record(model_dir, path) -> None:
-    """Sample the responses on vLLM CPU (temperature 1) with routes and the sampled tokens' log-probs; save them."""
-    from recipe.megatron_check.replay import save_rollouts
-    from recipe.testing.vllm_engine import InProcessVLLM
-
-    engine = InProcessVLLM(model_dir, max_model_len=512, max_num_seqs=8, seed=0, enable_return_routed_experts=True,
-                           gpu_memory_utilization=0.06)  # a small KV cache: the suite's e2e runs hold memory beside it
-    try:
-        outputs = engine.run(engine.generate_forced(PROMPTS, LENGTHS, temperature=1.0, logprobs=0))
-    finally:
-        engine.shutdown()
-    save_rollouts(path, outputs)
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory, tiny_artifacts):
-    work = tmp_path_factory.mktemp("router-replay")
-    record(tiny_artifacts.model_dir, work / "rollouts.npz")
+def rows(tmp_path_factory, tiny_artifacts, vllm_engine, route_records):
+    from recipe.testing.record_routes import record
+
+    work = record(tmp_path_factory.mktemp("router-replay"), tiny_artifacts, vllm_engine, route_records)
     run_with_megatron([sys.executable, "-m", "recipe.megatron_check", "replay", "--cpu", "--work", str(work / "run"),
-                       "--model", str(tiny_artifacts.model_dir), "--rollouts", str(work / "rollouts.npz"),
-                       "--json", str(work / "rows.json")], work / "replay.log")
+                       "--model", str(work / "model"), "--rollouts", str(work / "rollouts.npz"),
+                       "--paths", str(work / "paths.npz"), "--json", str(work / "rows.json")], work / "replay.log")
     return {r["step"]: r for r in json.loads((work / "rows.json").read_text())}
 
 
 def test_every_step_ran_and_passed(rows):
     assert list(rows) == ["environment", "r3-same-weights", "r3-shifted-routes-detected", "r3-after-optimizer-step",
-                          "r3-megatron-bf16"]
+                          "r3-recipe-paths", "r3-megatron-bf16"]
     assert [s for s, r in rows.items() if not r["ok"]] == []
 
 
@@ -68,7 +53,6 @@ def test_moved_weights_route_apart_unless_replayed(rows):
     assert 0 < shares[0] < shares[1] < shares[2]  # lr 1e-5, 1e-4, 1e-3
     bf16 = rows["r3-megatron-bf16"]["data"]
     assert bf16["native"]["mismatched"] > 0
-    assert bf16["replay"]["logprob_gap"] < bf16["native"]["logprob_gap"]
 
 
 def test_a_one_token_shift_of_the_routes_is_caught(rows):
@@ -77,3 +61,44 @@ def test_a_one_token_shift_of_the_routes_is_caught(rows):
     for shifted in data.values():
         assert shifted["mismatch_share"] > 0.25
         assert shifted["logprob_gap"] > 100 * rows["r3-same-weights"]["data"]["replay"]["logprob_gap"]
+
+
+def test_every_recipe_path_replays_as_vllm_routed(rows):
+    """Capped, cut by an abort, resumed after a stored part, and handed back from the store (its routes re-prefilled):
+    after an optimizer step, Megatron's own routing departs from vLLM's; replayed, every route is vLLM's."""
+    from recipe.testing.route_paths import PATHS
+
+    data = rows["r3-recipe-paths"]["data"]
+    assert list(data) == list(PATHS)
+    for path, d in data.items():
+        assert d["replay"]["routes"] > 100 and d["replay"]["mismatched"] == 0, path
+    assert sum(d["native"]["mismatched"] for d in data.values()) > 0
+
+
+@pytest.fixture(scope="module")
+def tool_rows(tmp_path_factory, tool_route_records):
+    """The multi-turn paths (the trained tiny model calling the calculator) recorded on vLLM CPU and replayed on the
+    same model: the trajectories are both the optimizer step's data and the paths replayed after it."""
+    from recipe.testing.route_paths import save_paths
+
+    work = tmp_path_factory.mktemp("router-replay-tools")
+    model_dir, records = tool_route_records
+    save_paths(work / "paths.npz", records)
+    run_with_megatron([sys.executable, "-m", "recipe.megatron_check", "replay", "--cpu", "--work", str(work / "run"),
+                       "--model", str(model_dir), "--rollouts", str(work / "paths.npz"),
+                       "--paths", str(work / "paths.npz"), "--json", str(work / "rows.json")], work / "replay.log")
+    return {r["step"]: r for r in json.loads((work / "rows.json").read_text())}
+
+
+def test_multi_turn_trajectories_replay_as_vllm_routed(tool_rows):
+    """Tool replies (outside the loss) sit between the assistant turns: their routes come from the next turn's
+    prefill; replayed, every route of the trajectory is vLLM's, also for the one handed back from the store."""
+    from recipe.testing.route_paths import MULTI_TURN_PATHS
+
+    assert [s for s, r in tool_rows.items() if not r["ok"]] == []
+    data = tool_rows["r3-recipe-paths"]["data"]
+    assert list(data) == list(MULTI_TURN_PATHS)
+    for path, d in data.items():
+        assert d["replay"]["routes"] > 400 and d["replay"]["mismatched"] == 0, path
+        assert d["native"]["mismatched"] > 0, path
+    assert tool_rows["r3-same-weights"]["data"]["replay"]["mismatched"] == 0

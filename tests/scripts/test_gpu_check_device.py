@@ -34,6 +34,10 @@ def test_device_dry_run_installs_offline_over_the_machines_torch_then_runs_the_c
     assert "--no-deps" in steps[1] and "--no-deps" not in steps[3]
     assert steps[4][-7:] == ["-m", "recipe.megatron_check", "run", "--work", str(work / "check"), "--json",
                              str(work / "rows.json")]
+    r3 = tmp_path / "whl" / "r3"
+    assert steps[5][-13:] == ["-m", "recipe.megatron_check", "replay", "--work", str(work / "replay"), "--model",
+                              str(r3 / "model"), "--rollouts", str(r3 / "rollouts.npz"), "--paths",
+                              str(r3 / "paths.npz"), "--json", str(work / "replay-rows.json")]
     assert not work.exists()
 
 
@@ -41,6 +45,14 @@ def test_device_without_the_wheels_names_the_fetch(run_script, tmp_path):
     r = run_script("gpu_check.sh", {"GPU_CHECK_WHEELS": str(tmp_path / "none")}, "--device", "--work",
                    str(tmp_path / "w"), gpus=1)
     assert r.returncode == 2 and "is missing: run bash scripts/gpu_check.sh --fetch-wheels" in r.stderr
+
+
+def test_device_without_the_recorded_routes_names_the_fetch(run_script, tmp_path):
+    (tmp_path / "whl").mkdir()
+    r = run_script("gpu_check.sh", {"GPU_CHECK_WHEELS": str(tmp_path / "whl")}, "--device", "--work",
+                   str(tmp_path / "w"), gpus=1)
+    assert r.returncode == 2 and "r3 (the routes the R3 step replays) is missing" in r.stderr
+    assert "--fetch-wheels again" in r.stderr
 
 
 def test_the_device_pins_are_the_gpu_stacks():
@@ -56,10 +68,11 @@ def test_fetch_downloads_every_pin_within_what_a_device_call_carries(run_script,
     out = tmp_path / "whl"
     r = run_script("gpu_check.sh", {"GPU_CHECK_WHEELS": str(out)}, "--fetch-wheels", gpus=0, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    files = [p.name.lower().replace("-", "_") for p in out.iterdir()]
+    files = [p.name.lower().replace("-", "_") for p in out.iterdir() if p.is_file()]
     for pin in _section("no-deps") + _section("with-deps") + _section("sdist"):
         name, version = pin.lower().replace("-", "_").split("==")
         assert any(f.startswith(f"{name}_{version}") or f.startswith(f"{name}-{version}") for f in files), pin
-    size = sum(p.stat().st_size for p in out.iterdir())
+    assert {p.name for p in (out / "r3").iterdir()} == {"model", "rollouts.npz", "paths.npz"}
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     assert size < 60 * 2**20, f"{size / 2**20:.1f} MiB"
     assert not list(tmp_path.glob("whl.tmp.*"))

@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import torch
 
+from recipe.testing.route_paths import model_routes
+
 ENGINE = [pytest.mark.engine, pytest.mark.slow]
 K = 4  # ngram draft tokens
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -40,26 +42,6 @@ def hf_model(tiny_artifacts):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_artifacts.model_dir, dtype=torch.float32).eval()
-
-
-def hf_routes(model, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The model's own routing of ``token_ids`` (one forward): each MoE layer's top-k ids as its gate returns them
-    (what transformers' experts then use), sorted per token, ``(tokens, layers, k)``; and per token and layer the gap
-    between the k-th and (k+1)-th router logit (how close a different top-k was)."""
-    gates = [layer.mlp.gate for layer in model.model.layers]
-    seen = {}
-    hooks = [gate.register_forward_hook(lambda _m, _in, out, i=i: seen.__setitem__(i, out))
-             for i, gate in enumerate(gates)]
-    try:
-        with torch.no_grad():
-            model(torch.tensor([token_ids]))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    k = model.config.num_experts_per_tok
-    ids = torch.stack([seen[i][2] for i in range(len(gates))], dim=1).sort(-1).values
-    logits = torch.stack([seen[i][0] for i in range(len(gates))], dim=1).sort(-1, descending=True).values
-    return ids.numpy(), (logits[..., k - 1] - logits[..., k]).numpy()
 
 
 @pytest.fixture(scope="module", params=[pytest.param(arm, marks=ENGINE) for arm in ARMS])
@@ -83,7 +65,7 @@ def run(request, tiny_artifacts, hf_model):
         engine.shutdown()
     sequences = [list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outputs]
     return SimpleNamespace(arm=request.param, outputs=outputs, sequences=sequences, counts=counts,
-                           hf=[hf_routes(hf_model, s) for s in sequences])
+                           hf=[model_routes(hf_model, s) for s in sequences])
 
 
 def vllm_routes(output) -> np.ndarray:

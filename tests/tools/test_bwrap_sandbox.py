@@ -25,6 +25,7 @@ from recipe.tools import cgroup
 from recipe.tools.bwrap import BubblewrapBackend
 from recipe.tools.limits import MiB, SandboxLimits
 from recipe.tools.result import Status, format_for_model
+from recipe.testing.proc_tree import all_pids, descendants, named_below, stat
 from recipe.testing.sandbox_check import require_sandbox
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,37 +53,9 @@ def run(backend, code, **kw):
 
 
 # ---- /proc helpers: which processes exist on the host -------------------------------------------------------------
-def _stat(pid):
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return {"comm": comm, "state": fields[0], "ppid": int(fields[1]), "pgid": int(fields[2])}
-
-
-def _all_pids():
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def _descendants(root):
-    kids = {}
-    for pid in _all_pids():
-        st = _stat(pid)
-        if st:
-            kids.setdefault(st["ppid"], []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _with_cmdline(marker: bytes):
     found = []
-    for pid in _all_pids():
+    for pid in all_pids():
         try:
             if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(pid)
@@ -103,7 +76,7 @@ def _wait_gone(pids, pgid=None, timeout=30.0):
     """Poll until none of ``pids`` exists and ``pgid`` is empty; returns what is left."""
     deadline = time.monotonic() + timeout
     while True:
-        left = [p for p in pids if _stat(p) is not None]
+        left = [p for p in pids if stat(p) is not None]
         group = pgid is not None and _group_alive(pgid)
         if (not left and not group) or time.monotonic() > deadline:
             return left + ([f"pgid {pgid}"] if group else [])
@@ -233,13 +206,15 @@ def test_tmpfs_pages_count_toward_the_memory_total(sandbox):
 
 
 def test_run_groups_are_removed(sandbox):
-    """Each run's cgroup is gone once the call returns (after a limit, too)."""
+    """Each run's cgroup is gone once the call returns (after a limit, too). Only this process's groups are looked
+    at: the e2e launches running beside the suite make their own under the same parent."""
     host = cgroup.host_cgroups()
+    ours = f"recipe-sandbox-{os.getpid()}-"
     before = {d: set(os.listdir(d)) for _, d in host.dirs}
     run(sandbox, "import os\nwhile True:\n    os.fork()")
     run(sandbox, "print(1)")
     for d, names in before.items():
-        assert [n for n in set(os.listdir(d)) - names if n.startswith("recipe-sandbox-")] == []
+        assert [n for n in set(os.listdir(d)) - names if n.startswith(ours)] == []
 
 
 def test_output_flood_hits_output_limit(sandbox):
@@ -460,10 +435,10 @@ def test_cancelled_call_kills_the_whole_sandbox(sandbox):
             assert time.monotonic() < deadline, "the sandboxed program never started"
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)
-        bwraps = [p for p in _descendants(os.getpid()) if (_stat(p) or {}).get("comm") == "bwrap"]
+        bwraps = named_below(os.getpid(), "bwrap")
         outer = min(bwraps)
-        seen["pgid"] = _stat(outer)["pgid"]
-        seen["tree"] = [outer, *_descendants(outer)]
+        seen["pgid"] = stat(outer)["pgid"]
+        seen["tree"] = [outer, *descendants(outer)]
         t0 = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from recipe.testing.proc_tree import named_below, stat
 from recipe.testing.sandbox_check import require_sandbox
 
 tool_registry = pytest.importorskip("verl.tools.tool_registry")
@@ -174,25 +175,13 @@ def test_python_tool_cancel_leaves_nothing(python_tool):
     """An aborted group cancels the task that awaits execute(): bwrap and everything in it are killed."""
     me = os.getpid()
 
-    def bwrap_children():
-        out = []
-        for p in os.listdir("/proc"):
-            if p.isdigit():
-                try:
-                    st = Path(f"/proc/{p}/stat").read_text()
-                except OSError:
-                    continue
-                if "(bwrap)" in st and int(st[st.rindex(")") + 2 :].split()[1]) == me:
-                    out.append(int(p))
-        return out
-
     async def scenario():
         task = asyncio.create_task(python_tool.execute("id", {"code": "import time\ntime.sleep(60)"}))
         deadline = time.monotonic() + 10
-        while not bwrap_children():
+        while not named_below(me, "bwrap"):
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
-        pgid = bwrap_children()[0]
+        pgid = stat(named_below(me, "bwrap")[0])["pgid"]  # the outer bwrap leads its own process group
         await asyncio.sleep(0.5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

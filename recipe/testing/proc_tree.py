@@ -1,0 +1,44 @@
+"""The host's processes as /proc shows them, for tests that must look only at their own process tree: the e2e
+launches running beside the suite start bwrap sandboxes and vLLM workers of their own."""
+import os
+from pathlib import Path
+
+
+def stat(pid: int) -> dict | None:
+    """``comm``, ``state``, ``ppid`` and ``pgid`` of ``pid``; None once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return {"comm": comm, "state": fields[0], "ppid": int(fields[1]), "pgid": int(fields[2])}
+
+
+def all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _below(root: int) -> list[tuple[int, str]]:
+    """``(pid, comm)`` of every process below ``root``, from one scan of /proc; ``root``'s children come first."""
+    kids: dict[int, list[tuple[int, str]]] = {}
+    for pid in all_pids():
+        st = stat(pid)
+        if st:
+            kids.setdefault(st["ppid"], []).append((pid, st["comm"]))
+    out, todo = [], [root]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root``; its children come first."""
+    return [pid for pid, _ in _below(root)]
+
+
+def named_below(root: int, comm: str) -> list[int]:
+    """The processes below ``root`` named ``comm``; its children come first."""
+    return [pid for pid, name in _below(root) if name == comm]

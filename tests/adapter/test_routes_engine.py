@@ -1,0 +1,96 @@
+"""Routing replay (R3) through the recipe's single-turn agent loop on the real vLLM CPU engine: every trained token
+of a capped, cut, resumed or handed-back response carries the experts the model routes it to, row for row.
+
+The responses are recorded by ``recipe.testing.route_paths`` (the session engine captures routes; the server stand-in
+returns them as verl's does with ``enable_rollout_routing_replay``) and compared with a transformers forward of the
+same model on prompt + response: the routes Megatron replays must be the model's routing of exactly these tokens.
+Megatron-Core replays the same paths in ``tests/megatron/test_router_replay.py``.
+"""
+import numpy as np
+import pytest
+import torch
+
+from recipe.testing.route_paths import CAP_TOKENS, MULTI_TURN_PATHS, PATHS, model_routes
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def records(route_records, tiny_artifacts):
+    """The single-turn paths, and the model's own routing of each."""
+    from transformers import AutoModelForCausalLM
+
+    recs = {r.path: r for r in route_records}
+    model = AutoModelForCausalLM.from_pretrained(tiny_artifacts.model_dir, dtype=torch.float32).eval()
+    return recs, {path: model_routes(model, r.prompt + r.response)[0] for path, r in recs.items()}
+
+
+def trained_rows(r) -> int:
+    """Rows every trained token's log-prob depends on: up to the one that predicts the last trained token."""
+    last = max(j for j, m in enumerate(r.mask) if m)
+    return len(r.prompt) + last
+
+
+def test_each_path_took_its_course(records):
+    recs, _ = records
+    assert list(recs) == list(PATHS)
+    assert len(recs["capped"].response) == CAP_TOKENS
+    cut = recs["cut"]
+    assert 0 < len(cut.response) < 64, "the abort cut the forced response mid-way"
+    resumed, finished = recs["resumed"], recs["finished"]
+    assert resumed.response[:CAP_TOKENS] == recs["capped"].response and len(resumed.response) > CAP_TOKENS
+    assert finished.response == recs["capped"].response  # handed back as stored
+    assert finished.requests == 1  # its routes: one prefill, nothing generated into the response
+    assert [r.requests for r in recs.values()] == [1, 1, 1, 1]
+
+
+def test_every_trained_token_carries_the_models_routes(records):
+    recs, reference = records
+    for path, r in recs.items():
+        n = trained_rows(r)
+        assert r.routes is not None and len(r.routes) >= n, f"{path}: {len(r.routes)} route rows for {n} needed"
+        assert sum(r.mask) == len(r.response), f"{path}: no token left the loss"
+        mine = np.sort(r.routes[:n].astype(np.int64), axis=-1)
+        wrong = (mine != reference[path][:n]).any(-1)
+        print(f"{path}: {wrong.size} (token, layer) routes, {int(wrong.sum())} differ")
+        assert not wrong.any(), f"{path}: {int(wrong.sum())} of {wrong.size} routes differ"
+
+
+def test_a_one_token_shift_would_be_caught(records):
+    recs, reference = records
+    for path, r in recs.items():
+        n = trained_rows(r)
+        mine = np.sort(r.routes[:n].astype(np.int64), axis=-1)
+        for shifted, ref in ((mine[1:], reference[path][:n - 1]), (mine[:-1], reference[path][1:n])):
+            assert (shifted != ref).any(-1).mean() > 0.25, path
+
+
+@pytest.fixture(scope="module")
+def tool_records(tool_route_records):
+    """The multi-turn paths on the trained tiny model, and its own routing of each."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir, records = tool_route_records
+    recs = {r.path: r for r in records}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return recs, {path: model_routes(model, r.prompt + r.response)[0] for path, r in recs.items()}
+
+
+def test_multi_turn_routes_cover_tool_replies_and_every_trained_token(tool_records):
+    """verl's loop keeps the last turn's routes: its prefill covered the earlier turns and the tool replies (mask 0),
+    so every trained token of every turn is routed as the model routes it; a trajectory handed back from the store
+    gets the same routes from one prefill."""
+    recs, reference = tool_records
+    assert list(recs) == list(MULTI_TURN_PATHS)
+    turns, back = recs.values()
+    assert back.response == turns.response and back.mask == turns.mask and back.requests == 1
+    first_reply = turns.mask.index(0)
+    for path, r in recs.items():
+        n = trained_rows(r)
+        assert n > len(r.prompt) + first_reply  # the rows compared reach past a tool reply into a later turn
+        mine = np.sort(r.routes[:n].astype(np.int64), axis=-1)
+        wrong = (mine != reference[path][:n]).any(-1)
+        print(f"{path}: {wrong.size} (token, layer) routes over {r.mask.count(0)} tool-reply tokens, "
+              f"{int(wrong.sum())} differ")
+        assert not wrong.any(), f"{path}: {int(wrong.sum())} of {wrong.size} routes differ"
+        assert (np.sort(r.routes[1:n].astype(np.int64), axis=-1) != reference[path][:n - 1]).any(-1).mean() > 0.25
