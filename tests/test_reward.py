@@ -288,7 +288,7 @@ def test_numeric_ground_truth_is_accepted():
 
 def test_long_response_costs_what_its_tail_costs():
     """A 140k-character response costs about what a response of the scanned tail's length costs: ~1.8x here (a few
-    whole-text ``rfind``s), ~20x with the answer searched in the whole text. Timed side by side, best of interleaved
+    whole-text ``rfind``s), 20-30x with the answer searched in the whole text. Timed side by side, best of interleaved
     rounds: a ratio, not the seconds of a given machine."""
     line = "Let me reconsider the factorisation of the polynomial step by step. "
     answer = "\n\nThus the answer is $\\boxed{13}$."
