@@ -16,7 +16,8 @@ in the batch (they never share a draft: separate indexes).
 
 Cost: the corpus's wall time per response token (reading it and proposing after it, each prompt's one-off
 indexing included) on this CPU, and its memory per token of the texts it holds (tracemalloc), at the match depth
-the run uses.
+the run uses, one request at a time (``observe``/``propose``). The engine calls the corpus once per step for the
+whole batch (``GroupCorpus.step``): ``bench/group_drafter_cost.py`` measures that, by prompt length and text.
 
 Reproduce: ``.venv/bin/python bench/group_drafter.py --data /tmp/acc_data/humaneval_codegen16B_t0.8.jsonl
 --results bench/RESULTS.md`` (~4 min on 2 shared cores). The section goes between the ``group-drafter`` markers.

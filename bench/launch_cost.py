@@ -6,7 +6,7 @@ mostly verl's start-up, and on 2 cores two side by side share the CPU rather tha
 Reproduce: ``.venv/bin/python bench/launch_cost.py [--parallel 1|2] [--out DIR]`` (with ``scripts/lib/cpu_env.sh``
 sourced, as ``scripts/test.sh`` does; ~5 min for one launch on 2 cores). Each launch is ``bash scripts/train_grpo.sh``
 with no variables but ``CKPT_ROOT`` (the CPU preset, 18 steps). CPU time is sampled from ``/proc`` every 0.5 s for
-every process carrying the launch's marker (``recipe.testing.cpu_runs``), so a process's last half second before it
+every process carrying the launch's marker (``harness.cpu_runs``), so a process's last half second before it
 exits is missed.
 """
 from __future__ import annotations
@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from recipe.testing.cpu_runs import Launcher, marked_pids
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the e2e launcher (test harness)
+from harness.cpu_runs import Launcher, marked_pids  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
 FIRST_STEP = "[recipe] step 1/"

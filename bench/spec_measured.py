@@ -49,7 +49,8 @@ DRAFTERS = ("ngram:k=4:min=5:max=5", "ngram:k=4:min=1:max=3", "suffix:own:k=4:de
             "suffix:own+group+history:k=4:depth=24:min=1")
 ALWAYS, TAIL, CUT = "best-onpolicy-spec", "onpolicy-spec-tail", "tailcut-budget-spec-off"
 GROUP_CURVE = "suffix:own+group+history:k=4:depth=24:min=1"
-GROUP_S_PER_TOKEN = 11e-6  # bench/group_drafter.py at depth 8 on these shared cores (10.9 us)
+GROUP_S_PER_TOKEN = 11e-6  # the Python corpus before issue 34 (bench/group_drafter.py, 10.9 us at depth 8); the
+# rebuilt corpus's ~1 us, with affinity and the graph fallback, is bench/group_drafter_sim.py's
 
 _cache: dict = {}
 

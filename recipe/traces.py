@@ -128,7 +128,7 @@ class LengthTraceWriter:
         unknown) is stored with nulls for missing values. A ``cap`` of None or 0 means no cap. ``prompt_keys``
         (``prompt_key`` of each response's prompt) and ``num_preempted`` (vLLM's preemptions of each response's
         request, None where the rollout does not report it) are stored when given. ``spec`` (speculative decoding's
-        step totals: drafts, draft_tokens, accepted_tokens, acceptance_length; vLLM 0.28 has no per-request
+        step totals: drafts, draft_tokens, accepted_tokens, acceptance_length; vLLM 0.24 has no per-request
         acceptance) is stored as the record's ``spec`` when given. ``turns`` (multi-turn runs) holds per-response lists
         ``num_turns`` (messages, verl's count), ``tool_calls``, ``tool_tokens`` (the response's tokens with mask 0: tool
         replies and turn markers) and ``tool_s`` (tool wall time), None where unknown (over-sample aborts); each

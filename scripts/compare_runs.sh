@@ -7,8 +7,8 @@
 # Argument checks and their messages live in recipe/report/cli.py; this wrapper only picks the interpreter.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ -x "$ROOT/.venv/bin/python" ]]; then
-    PY="$ROOT/.venv/bin/python"
+if [[ -x "${RECIPE_VENV:-$ROOT/.venv}/bin/python" ]]; then
+    PY="${RECIPE_VENV:-$ROOT/.venv}/bin/python"
 elif ! PY="$(command -v python3)"; then
     echo "compare_runs.sh: no Python: run 'bash scripts/bootstrap_venv.sh' to create .venv, or install python3" >&2
     exit 2

@@ -6,8 +6,9 @@
 #               its exported weights and its logits are compared with the Hugging Face model (recipe/gpu_check.py)
 #   smoke       PRESET=smoke ... bash scripts/train_grpo.sh trainer.total_training_steps=2, on that checkpoint
 #   smoke-logs  python -m recipe.gpu_check smoke-result: both steps logged with the recipe's metrics and traces
-#   smoke-spec  the smoke step again with ROLLOUT_SPECULATIVE=ngram (vLLM's ngram drafting, Dynamic SD schedule),
-#               experiment smoke-grpo-spec
+#   smoke-spec  the smoke step again with ROLLOUT_SPECULATIVE=group: the recipe's group drafter as vLLM's custom
+#               proposer on the GPU (its context, its GRPO siblings, the prompt's earlier responses), experiment
+#               smoke-grpo-spec
 #   spec-logs   python -m recipe.gpu_check smoke-result --spec: both steps logged, with the recipe's speculative
 #               acceptance metrics (rollout/spec_*, read from vLLM's counters) and drafts on each
 #
@@ -15,7 +16,7 @@
 #
 # On a lent GPU without network or Transformer Engine (scripts/lib/device_check.sh): `--fetch-wheels` (on a machine
 # with PyPI) downloads requirements/device-megatron.txt into .whl/ (~50 MiB) and records, on vLLM CPU, the routes the
-# R3 step replays (.whl/r3: the tiny model, rollouts and the recipe's paths, recipe/testing/record_routes.py);
+# R3 step replays (.whl/r3: the tiny model, rollouts and the recipe's paths, recipe/route_record/record.py);
 # `--device` (on the GPU, .whl carried) installs them offline into WORK/venv over the machine's own torch and runs
 # python -m recipe.megatron_check: the tiny model through Megatron-Bridge vs HF logits, verl's converter mapping, the
 # dist checkpoint save/load, DDP with the distributed optimizer, verl's checkpoint manager save -> load -> identical
@@ -136,12 +137,13 @@ if run_step convert "$convert_limit" env MODEL_PATH="$model" DISTCP_PATH="$distc
     run_step logits "$logits_limit" "$PY" -m recipe.gpu_check logits --model "$model" --distcp "$distcp" || true
     smoke_ok=1
     run_step smoke "$smoke_limit" env PRESET=smoke CKPT_ROOT="$runs" DISTCP_PATH="$distcp" RECIPE_PYTHON="$PY" \
+        RECIPE_CONSOLE=full \
         bash "$ROOT/scripts/train_grpo.sh" trainer.total_training_steps=2 || smoke_ok=0
     # also after a failed smoke run: what its logs lack says how far it got
     run_step smoke-logs 0 "$PY" -m recipe.gpu_check smoke-result "$runs/smoke-grpo-resampler" --steps 2 || true
     if (( smoke_ok )); then
-        run_step smoke-spec "$spec_limit" env PRESET=smoke CKPT_ROOT="$runs" DISTCP_PATH="$distcp" \
-            RECIPE_PYTHON="$PY" EXPERIMENT_NAME=smoke-grpo-spec ROLLOUT_SPECULATIVE=ngram \
+        run_step smoke-spec "$spec_limit" env PRESET=smoke CKPT_ROOT="$runs" DISTCP_PATH="$distcp" RECIPE_CONSOLE=full \
+            RECIPE_PYTHON="$PY" EXPERIMENT_NAME=smoke-grpo-spec ROLLOUT_SPECULATIVE=group \
             bash "$ROOT/scripts/train_grpo.sh" trainer.total_training_steps=2 || true
         run_step spec-logs 0 "$PY" -m recipe.gpu_check smoke-result "$runs/smoke-grpo-spec" --steps 2 --spec || true
     else

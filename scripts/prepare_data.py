@@ -1,15 +1,21 @@
-"""Convert GSM8K, DAPO-Math-17k or DeepScaleR records into verl's RL parquet, all with one boxed-answer prompt.
+"""Convert GSM8K, DAPO-Math-17k, DeepScaleR or AIME 2024 records into verl's RL parquet, one boxed-answer prompt.
 
-    python scripts/prepare_data.py --dataset {gsm8k,dapo-math-17k,deepscaler} --input FILE(.jsonl|.json|.parquet) \
-        --output OUT.parquet [--split-test N --test-output TEST.parquet] [--limit N] [--keep-duplicates] [--overwrite] \
-        [--tool {calculator,python}]
+    python scripts/prepare_data.py --dataset {gsm8k,dapo-math-17k,deepscaler,aime24} \
+        --input FILE(.jsonl|.json|.parquet) --output OUT.parquet [--split-test N --test-output TEST.parquet] \
+        [--limit N] [--keep-duplicates] [--overwrite] [--tool {calculator,python}]
 
 Every row gets the same instruction (reason step by step, final answer in ``\\boxed{}``) so that one reward
-(``reward/math_reward.py``) and one response-length budget fit all three sources; DAPO's own "Answer: $Answer"
+(``reward/math_reward.py``) and one response-length budget fit all four sources; DAPO's own "Answer: $Answer"
 wrapper is removed rather than stacked under ours. Output columns: ``data_source``, ``prompt`` (one user
 message), ``ability`` ("math"), ``reward_model`` {"style": "rule", "ground_truth"}, ``extra_info`` {"index"
-(row number in its file), "split", "question", "answer", plus "source_id" (DAPO's uuid) or "solution"
-(DeepScaleR)}.
+(row number in its file), "split", "question", "answer", plus "source_id" (DAPO's uuid, AIME's id) and "solution"
+(DeepScaleR, AIME)}.
+
+``aime24`` (a validation set, ``TEST_FILE``) reads HuggingFaceH4/aime_2024 (``id``, ``problem``, ``solution``,
+``answer``, ...) or Maxwell-Jia/AIME_2024 (``ID``, ``Problem``, ``Solution``, ``Answer``): column names in any case,
+``id`` and ``solution`` optional, so any problem/answer file of competition math converts too. Fetch it where the
+hub is reachable, e.g. ``python -c "import datasets; datasets.load_dataset('HuggingFaceH4/aime_2024',
+split='train').to_parquet('aime_2024.raw.parquet')"``.
 
 ``--tool`` writes verl's multi-turn format for ``ToolAgentLoop`` instead (GSM8K with ``calculator``, DAPO-Math with
 ``python``): a system message that says how to call the tool, ``agent_name: tool_agent``, and
@@ -131,7 +137,31 @@ def convert_deepscaler(record: dict, where: str) -> dict:
     }
 
 
-CONVERTERS = {"gsm8k": convert_gsm8k, "dapo-math-17k": convert_dapo, "deepscaler": convert_deepscaler}
+def _column(record: dict, name: str, where: str, required: bool = True) -> str | None:
+    """The record's column called ``name`` in any case (``problem`` or ``Problem``)."""
+    found = [key for key in record if str(key).lower() == name]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise InputError(f"{where}: columns {found} differ only in case; keep one")
+    if required:
+        raise InputError(f"{where}: missing column '{name}' (any case; columns present: {sorted(map(str, record))})")
+    return None
+
+
+def convert_aime(record: dict, where: str) -> dict:
+    problem = _text(record, _column(record, "problem", where), where)
+    answer = _text(record, _column(record, "answer", where), where)
+    extra = {"question": problem, "answer": answer}
+    for name, key in (("id", "source_id"), ("solution", "solution")):
+        column = _column(record, name, where, required=False)
+        if column is not None and record[column] is not None:
+            extra[key] = str(record[column])
+    return {"data_source": "aime24", "problem": problem, "ground_truth": answer, "extra": extra}
+
+
+CONVERTERS = {"gsm8k": convert_gsm8k, "dapo-math-17k": convert_dapo, "deepscaler": convert_deepscaler,
+              "aime24": convert_aime}
 
 
 def read_records(path: Path) -> list[dict]:

@@ -30,6 +30,29 @@ die() {
     exit "$status"
 }
 
+# quiet LOG COMMAND...: run COMMAND with stdout and stderr appended to LOG; the terminal gets the recipe's own lines
+# (``[recipe] ...``: a line per step, the sampler's warm start) and this script's, not Ray's, verl's and vLLM's
+# hundreds of start-up lines, unless RECIPE_CONSOLE=full. On a failure the log's last lines follow. Returns
+# COMMAND's status.
+quiet() {
+    local log="$1" status
+    shift
+    if [[ "${RECIPE_CONSOLE:-quiet}" == "full" ]]; then
+        logged "$log" "$@"
+        return
+    fi
+    echo "train_grpo.sh: the run's full output goes to $log (RECIPE_CONSOLE=full shows it here)"
+    set +e
+    "$@" 2>&1 | tee -a "$log" | grep --line-buffered -E '\[recipe\] |^train_grpo\.sh: ' | sed -u -E 's/\x1b\[[0-9;]*m//g; s/^\([^)]*\) //'
+    status="${PIPESTATUS[0]}"
+    set -e
+    if (( status != 0 )); then
+        echo "train_grpo.sh: the run failed (status $status); the last lines of $log:"
+        tail -n 40 "$log" | sed 's/^/    /'
+    fi
+    return "$status"
+}
+
 # logged LOG COMMAND...: run COMMAND with stdout and stderr also appended to LOG; return COMMAND's status.
 logged() {
     local log="$1" status
@@ -62,7 +85,7 @@ fi
 if [[ "${PRESET:-}" == "cpu" && -z "${RECIPE_PYTHON:-}" ]]; then
     # vLLM's CPU build lives in the test venv (requirements/cpu-test.txt), not in a GPU stack.
     bash "$ROOT/scripts/bootstrap_venv.sh" >&2 || die 1 "could not create the CPU venv (scripts/bootstrap_venv.sh)"
-    PY="$ROOT/.venv/bin/python"
+    PY="${RECIPE_VENV:-$ROOT/.venv}/bin/python"
 else
     PY="$(recipe_python "$ROOT")" || die 1 "no usable Python (see the message above)"
 fi
@@ -120,8 +143,13 @@ if [[ "${PRESET:-}" == "cpu" ]]; then
     # tree ends with it (recipe/run_guard.py), so a hung step never outlives the command.
     launch=("$PY" -m recipe.run_guard --timeout "${CPU_RUN_TIMEOUT_S:-1800}" -- "${launch[@]}")
 fi
-logged "$PLAN_CONSOLE_LOG" "${launch[@]}" || status=$?
-echo "train_grpo.sh: finished with status $status; run dir $PLAN_RUN_DIR" \
-    "(metrics $PLAN_METRICS_LOG, console $PLAN_CONSOLE_LOG, traces $PLAN_RUN_DIR/length_traces.jsonl)" \
-    | tee -a "$PLAN_CONSOLE_LOG"
+quiet "$PLAN_CONSOLE_LOG" "${launch[@]}" || status=$?
+{
+    echo "train_grpo.sh: where the run is:"
+    echo "  log      $PLAN_CONSOLE_LOG"
+    echo "  metrics  $PLAN_METRICS_LOG"
+    echo "  traces   $PLAN_RUN_DIR/length_traces.jsonl"
+    echo "  report   bash scripts/compare_runs.sh <baseline run dir> $PLAN_RUN_DIR   (plots and a table, docs/training.md)"
+    echo "train_grpo.sh: finished with status $status; run dir $PLAN_RUN_DIR"
+} | tee -a "$PLAN_CONSOLE_LOG"
 exit "$status"

@@ -4,6 +4,14 @@
 (no hub access on these machines, and forked tokenizers would warn or deadlock).
 """
 import os
+import sys
+from pathlib import Path
+
+# the test harness (tests/support/harness): not a package of the product, and `tests` is not a package (verl installs one)
+SUPPORT = str(Path(__file__).resolve().parent / "support")
+if SUPPORT not in sys.path:
+    sys.path.insert(0, SUPPORT)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SUPPORT, os.environ.get("PYTHONPATH")]))  # subprocesses too
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -15,20 +23,62 @@ import pytest  # noqa: E402
 PROMPT_LENGTH, RESPONSE_LENGTH, ENGINE_MAX_MODEL_LEN = 256, 64, 2048
 
 
-def pytest_collection_modifyitems(items):
+TIERS = ("quick", "full")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=TIERS, default="quick",
+                     help="quick (the default, what a contributor runs before a commit): every test but the "
+                          "end-to-end launches outside tests/e2e/conftest.py's QUICK_RUNS and, unless -m selects "
+                          "them, the `network` tests (PyPI downloads); full: everything (.ci/run)")
+
+
+def _is_e2e(item) -> bool:
+    return "/tests/e2e/" in str(item.fspath)
+
+
+def _uses_an_engine(item) -> bool:
+    return item.get_closest_marker("engine") is not None or "vllm_engine" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which names each test's group in its id
+def pytest_collection_modifyitems(config, items):
     """Tests that use the engine are ``engine`` tests even if they forget the marker (``-m "not engine"`` works).
-    The end-to-end tests go last: their runs start in the background when collection ends (tests/e2e/conftest.py)
-    and take longer than everything else, which runs beside them meanwhile."""
+
+    In one process the end-to-end tests go last: their runs start in the background when collection ends
+    (tests/e2e/conftest.py) and take longer than everything else, which runs beside them meanwhile. Under pytest-xdist
+    (``scripts/test.sh`` runs three workers) they form one group that goes first, to one worker, which starts the
+    runs at its first test; the tests that start vLLM engines form a second group, so one worker holds them (one
+    engine's memory at a time, the session's engine shared) while the third runs everything else."""
     for item in items:
         if "vllm_engine" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.engine)
-    items.sort(key=lambda item: "/tests/e2e/" in str(item.fspath))
+    if config.getoption("--tier") == "quick" and not config.option.markexpr:
+        network = [item for item in items if item.get_closest_marker("network")]
+        if network:
+            config.hook.pytest_deselected(items=network)
+            items[:] = [item for item in items if not item.get_closest_marker("network")]
+    if not hasattr(config, "workerinput"):
+        items.sort(key=_is_e2e)
+        return
+    from _pytest.nodeid import coerce_node_id
+
+    rank = {}
+    for item in items:
+        group = "e2e" if _is_e2e(item) else "engine" if _uses_an_engine(item) else None
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+            # pytest-xdist 3.8 names the group in the id through ``_nodeid``, which pytest 9 no longer reads (the id
+            # is ``_id``): without this every test is its own unit and each worker would start the e2e runs
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
+        rank[item] = {"e2e": 0, "engine": 1}.get(group, 2)
+    items.sort(key=rank.__getitem__)
 
 
 @pytest.fixture(scope="session")
 def tiny_artifacts():
     """Tiny Qwen3-MoE model dir (with tokenizer) and train/test parquet, built once per machine and cached."""
-    from recipe.testing.tiny import tiny_artifacts as build
+    from recipe.tiny.artifacts import tiny_artifacts as build
 
     return build()
 
@@ -61,7 +111,7 @@ def verl_config(tiny_artifacts):
 def vllm_engine(tiny_artifacts):
     """One in-process vLLM CPU engine on the tiny model per session (startup ~25-60 s); shut down at the end.
     32 sequences at a time: a step of more requests is capacity-bound (they queue)."""
-    from recipe.testing.vllm_engine import InProcessVLLM
+    from recipe.route_record.engine import InProcessVLLM
 
     # priority scheduling: with equal priorities it is vLLM's FCFS (ties go by arrival), and the priority test can
     # order requests on the same engine
@@ -76,8 +126,8 @@ def vllm_engine(tiny_artifacts):
 @pytest.fixture(scope="session")
 def route_records(vllm_engine, tiny_artifacts, tmp_path_factory):
     """The single-turn routing-replay paths, recorded once on the session's engine for the engine and the Megatron
-    tests (``recipe.testing.route_paths.record_single_turn``)."""
-    from recipe.testing.route_paths import record_single_turn
+    tests (``recipe.route_record.paths.record_single_turn``)."""
+    from recipe.route_record.paths import record_single_turn
 
     return record_single_turn(vllm_engine, tiny_artifacts, tmp_path_factory.mktemp("routes"))
 
@@ -85,7 +135,7 @@ def route_records(vllm_engine, tiny_artifacts, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tool_route_records(tmp_path_factory):
     """The multi-turn routing-replay paths, recorded once for the engine and the Megatron tests
-    (``recipe.testing.route_paths.record_tool_turns``): ``(model_dir, records)``."""
-    from recipe.testing.route_paths import record_tool_turns
+    (``recipe.route_record.paths.record_tool_turns``): ``(model_dir, records)``."""
+    from recipe.route_record.paths import record_tool_turns
 
     return record_tool_turns(tmp_path_factory.mktemp("tool-routes"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from recipe.testing.script_module import load_script
+from harness.script_module import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py"
 
@@ -61,6 +61,19 @@ DEEPSCALER = [
         "solution": "From the 30-60-90 triangle, $\\sin 30^\\circ = \\boxed{\\frac{1}{2}}$.",
     },
 ]
+
+# The two published AIME 2024 layouts: HuggingFaceH4/aime_2024 (answers as strings) and Maxwell-Jia/AIME_2024
+# (capitalised columns, integer answers)
+AIME_PROBLEMS = [
+    ("Every morning Aya goes for a $9$-kilometer-long walk ... Find the number of minutes the walk takes her.", 204,
+     "$s = 3$, so the walk takes $204$ minutes."),
+    ("Let $ABC$ be a triangle inscribed in circle $\\omega$ ... Find $m + n$.", 113, "Power of a point gives $113$."),
+    ("Find the largest possible real part of $(75+117i)z+\\frac{96+144i}{z}$ where $|z|=4$.", 540, "It is $540$."),
+]
+AIME_H4 = [{"id": 60 + i, "problem": p, "solution": sol, "answer": str(a), "url": "https://artofproblemsolving.com",
+            "year": "2024"} for i, (p, a, sol) in enumerate(AIME_PROBLEMS)]
+AIME_MAXWELL = [{"ID": f"2024-I-{i + 1}", "Problem": p, "Solution": sol, "Answer": a}
+                for i, (p, a, sol) in enumerate(AIME_PROBLEMS)]
 
 
 def write(path: Path, records: list[dict]) -> Path:
@@ -203,6 +216,37 @@ def test_deepscaler_json_with_test_split_and_limit(tmp_path):
     assert set(train_df["reward_model"].map(lambda r: r["ground_truth"])) <= {"9", "\\frac{1}{2}"}
     assert test_df.iloc[0]["extra_info"]["solution"] in {d["solution"] for d in DEEPSCALER}
 
+
+@pytest.mark.parametrize("records,source_ids", [(AIME_H4, ["60", "61", "62"]),
+                                                (AIME_MAXWELL, ["2024-I-1", "2024-I-2", "2024-I-3"])])
+def test_aime24_from_either_published_layout_is_a_test_file_the_reward_scores(tmp_path, records, source_ids):
+    """The quick start's TEST_FILE: a locally built parquet in each published layout converts to verl's rows, and the
+    default reward gives 1 to a response boxing the answer and 0 to one boxing another."""
+    from reward.math_reward import compute_score
+
+    src = write(tmp_path / "aime_2024.parquet", records)
+    out = tmp_path / "aime24.parquet"
+    res = run("--dataset", "aime24", "--input", src, "--output", out)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"aime24: rows in 3, rows out 3 -> {out}; dropped 0 rows repeating an earlier prompt"
+    df = pd.read_parquet(out)
+    check_verl_rows(df, "train")
+    assert df["data_source"].eq("aime24").all()
+    truths = df["reward_model"].map(lambda r: r["ground_truth"]).tolist()
+    assert truths == ["204", "113", "540"]
+    assert [e["source_id"] for e in df["extra_info"]] == source_ids
+    assert df.iloc[0]["extra_info"]["solution"] == AIME_PROBLEMS[0][2]
+    assert df.iloc[0]["prompt"][0]["content"].startswith(AIME_PROBLEMS[0][0] + "\n\n")
+    for truth in truths:
+        assert compute_score("aime24", f"So the answer is \\boxed{{{truth}}}.", truth) == 1.0
+        assert compute_score("aime24", "So the answer is \\boxed{7}.", truth) == 0.0
+
+
+def test_aime24_without_an_answer_column_names_what_it_found(tmp_path, capsys):
+    src = write(tmp_path / "aime.jsonl", [{"Problem": "p", "Solution": "s"}])
+    code, err = run_in_process(capsys, "--dataset", "aime24", "--input", src, "--output", tmp_path / "o.parquet")
+    assert code == 1 and "missing column 'answer' (any case; columns present: ['Problem', 'Solution'])" in err
+    assert not (tmp_path / "o.parquet").exists()
 
 def test_json_lines_in_a_dot_json_file(tmp_path):
     src = tmp_path / "deepscaler.json"  # what datasets' to_json writes

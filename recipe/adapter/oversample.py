@@ -18,7 +18,9 @@ Per step (``LengthAwareTrainer`` calls these from verl's hooks):
   next time it is launched (``partial_for``); its agent loops resume each response (recipe/adapter/partial.py;
   multi-turn trajectories from the turn-boundary snapshot an abort leaves in them, recipe/adapter/tool_agent_loop.py).
   The old trajectories are cleared once the resumed launch has settled. Partial responses are driver memory only:
-  after a checkpoint resume their rows (still re-queued) regenerate from scratch.
+  after a checkpoint resume their rows (still re-queued) regenerate from scratch. With routing replay (R3) their
+  routes are not kept (the resume routes them anew, ``recipe.adapter.routes``): the kept records' ``routed_experts``
+  is overwritten with an empty array at the settle, so none are held in TransferQueue across the step.
 Validation never passes through these hooks (it uses the "val" partition and its own dispatch).
 """
 from __future__ import annotations
@@ -30,7 +32,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 import transfer_queue as tq
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from ..core.oversample import OverSampleController, StepOutcome, requeue_aborted
 from ..core.step_stats import StepResponses
@@ -59,7 +63,7 @@ class OverSampleDriver:
     def __init__(self, controller: OverSampleController, *, rollout_n: int, stop_token_ids: set[int],
                  response_length: int, has_logprobs: bool, settle_timeout_s: float = 600.0,
                  events_path: str | None = None, poll_s: float = 0.05, abort: StepAbort | None = None,
-                 multi_turn: bool = False):
+                 multi_turn: bool = False, route_shape: tuple[int, int] | None = None):
         self.controller = controller
         self.rollout_n = int(rollout_n)
         self.stop_token_ids = set(stop_token_ids)
@@ -70,6 +74,7 @@ class OverSampleDriver:
         self.poll_s = poll_s
         self.abort = abort if abort is not None else StepAbort()  # the trainer's (it holds the rollout gate)
         self.multi_turn = bool(multi_turn)  # trajectories say themselves whether an abort cut them (RESUME_AT)
+        self.route_shape = route_shape  # R3: (layers, top_k) of the routes the records carry (None: no routes)
         self.pending: Launch | None = None
         self.partials: dict[int, PartialRef] = {}  # row -> where its partial responses wait (continue mode)
         self.last_metrics: dict[str, float] = {}
@@ -179,6 +184,7 @@ class OverSampleDriver:
             if self.controller.requeue == "continue":
                 keep_uids = self._keep_partials(launch, traj, items, responses, cut)
                 kept_tokens = int(sum(n for k, n in zip(traj, lengths.tolist()) if k.split("_", 1)[0] in keep_uids))
+                self._drop_routes([k for k in traj if k.split("_", 1)[0] in keep_uids], launch.partition_id)
         drop = [k for k in traj if k.split("_", 1)[0] not in keep_uids]
         tq.kv_clear(keys=sorted(leftover) + drop, partition_id=launch.partition_id)
         return tokens, kept_tokens
@@ -210,6 +216,14 @@ class OverSampleDriver:
                 has_logprobs=self.has_logprobs)
             kept.add(uid)
         return kept
+
+    def _drop_routes(self, keys: list[str], partition_id: str) -> None:
+        """R3: the kept records' routes, which nothing reads (a resume re-prefills or regenerates what it trains),
+        replaced by arrays of no rows: up to (prompt + response) x layers x top-k x 2 bytes each, held no longer."""
+        if self.route_shape is None or not keys:
+            return
+        empty = {"routed_experts": torch.zeros((0, *self.route_shape), dtype=torch.int16)}
+        tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict([empty] * len(keys)))
 
     def _clear_resumed_sources(self, launch: Launch) -> None:
         """The resumed groups' old trajectories have been read by their agent loops: drop them."""

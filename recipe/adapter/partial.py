@@ -19,7 +19,10 @@ from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
 
+from .router import group_request_id
+
 RESUME_AT = "resume_at"  # extra_fields key: a multi-turn trajectory's turn-boundary snapshot, set only when cut
+STALE = "stale_tokens"  # extra_fields key: response tokens an earlier launch generated (an older policy's)
 
 
 @dataclass
@@ -95,9 +98,12 @@ def _first_item(value) -> Any:
 
 
 def mask_stale(output, stored_tokens: int, config) -> None:
-    """``recipe.over_sample.mask_stale_tokens``: the stored tokens (an older policy's) leave the loss (mask 0)."""
+    """A resumed trajectory's stored tokens (an older policy's) are counted in ``extra_fields[STALE]`` (their rollout
+    log-probs measure that policy: ``rollout/mismatch/*`` leaves them out); with
+    ``recipe.over_sample.mask_stale_tokens`` they also leave the loss (mask 0)."""
+    stale = min(stored_tokens, len(output.response_mask))
+    output.extra_fields[STALE] = stale
     if config.get("recipe", {}).get("over_sample", {}).get("mask_stale_tokens", False):
-        stale = min(stored_tokens, len(output.response_mask))
         output.response_mask = [0] * stale + list(output.response_mask[stale:])
 
 
@@ -105,14 +111,16 @@ class ContinueFrom:
     """Wraps verl's server client for one agent loop: its first generation resumes after ``tokens``.
 
     ``limit`` is the response budget of this run (the cap or response_length); a request's own ``max_tokens`` (a
-    multi-turn loop's per-turn budget) narrows it. The continuation asks for the rest. Only the first call continues:
-    the next turns of a multi-turn trajectory go to the server as they are.
+    multi-turn loop's per-turn budget) narrows it. The continuation asks for the rest, under a request id that names
+    its group's prompt (``prompt_len``; None: the prompt_ids it is called with) for the group-affinity router. Only
+    the first call continues: the next turns of a multi-turn trajectory go to the server as they are.
     """
 
     def __init__(self, inner, tokens: list[int], logprobs: list[float] | None, *, complete: bool, min_version: int,
-                 limit: int):
+                 limit: int, prompt_len: int | None = None):
         self.inner, self.tokens, self.logprobs = inner, tokens, logprobs
         self.complete, self.min_version, self.limit = complete, min_version, limit
+        self.prompt_len = prompt_len
         self.spent = False
 
     def __getattr__(self, name):
@@ -131,7 +139,8 @@ class ContinueFrom:
                                extra_fields=versions)
         params = dict(sampling_params)
         params["max_tokens"] = limit - len(self.tokens)
-        out = await self.inner.generate(request_id, prompt_ids=list(prompt_ids) + self.tokens,
+        group = len(prompt_ids) if self.prompt_len is None else self.prompt_len
+        out = await self.inner.generate(group_request_id(request_id, group), prompt_ids=list(prompt_ids) + self.tokens,
                                         sampling_params=params, **kwargs)
         # an empty continuation (aborted again at once) may come without log-probs: the stored ones still count
         has_logprobs = self.logprobs is not None and (out.log_probs or not out.token_ids)

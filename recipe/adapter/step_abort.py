@@ -25,6 +25,7 @@ class StepAbort:
     def __init__(self, gate=None):
         self.gate = gate  # a rollout_gate.DriverGate (multi-turn runs) or None
         self.aborted = False  # aborted and not resumed yet
+        self.gate_closed = False  # the gate's close returned (an abort that fails later has still cut turns)
 
     def abort(self, checkpoint_manager, step: int | None) -> None:
         """Close the gate for ``step`` (the training step the aborted rows were launched for), then abort."""
@@ -34,6 +35,7 @@ class StepAbort:
         self.aborted = True  # from here on ``resume`` re-opens whatever this got to close, even if a call fails
         if self.gate is not None:
             self.gate.close(step)
+            self.gate_closed = True
         checkpoint_manager.abort_replicas(reject_request=True)
 
     @staticmethod
@@ -55,4 +57,4 @@ class StepAbort:
         checkpoint_manager.resume_generation_replicas()
         if self.gate is not None:
             self.gate.open()
-        self.aborted = False
+        self.aborted = self.gate_closed = False

@@ -16,6 +16,15 @@ rollout gate (multi-turn runs, ``recipe.adapter.rollout_gate``) the gate first c
 step's tool calls in flight are cancelled and none of its trajectories starts a new turn. The settle is verl's own
 wait for the step's groups.
 
+What had finished when the cut landed (``done_at_cut``, the responses not labelled cut) is read at the instant
+the cut takes effect: with a rollout gate, just before it closes; without one, once the replicas' abort has
+returned, so a response that ends on its own while the abort is in flight counts as done (a response the abort
+stopped counts as done only if verl recorded it before the driver's abort call returned, which takes its worker
+hearing back from the server first: the engine test sees none). When the abort fails the
+step goes on and the log says what it got: a gate that closed still ends the step's multi-turn trajectories at
+their next turn boundary (trained as cut); replicas the abort missed run their responses to the end (labelled cut,
+lower bounds); a gate that never closed cut nothing. ``rollout/tail_cut/abort_failed`` counts such steps.
+
 With a truncation budget (``recipe.tail_cut.max_extra_truncation``, env ``TAIL_CUT_MAX_EXTRA_TRUNCATION``) the
 monitor holds a ``recipe.core.tailcut_budget.TailCutBudget``: each step's rule is its ``cut()``, and the trainer
 feeds every step's trained responses to ``observe`` (lengths, limit hits, which the cut stopped, the rows'
@@ -45,7 +54,8 @@ class TailCutMonitor:
         self.abort = abort if abort is not None else StepAbort()  # the trainer's (it holds the rollout gate)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.done_at_cut: set[str] | None = None  # response keys finished when the step was cut (None: no cut)
+        self.done_at_cut: set[str] | None = None  # response keys finished when the cut landed (None: no cut)
+        self.abort_failed = False  # this step's abort raised (the log says what the step got)
         self.last_metrics: dict[str, float] = {}
 
     def start(self, checkpoint_manager, uids: list[str], level: float, partition_id: str = "train",
@@ -55,7 +65,7 @@ class TailCutMonitor:
         if step is None and self.abort.gate is not None:
             raise ValueError("TailCutMonitor.start: with a rollout gate the watched step is required (step=, the "
                              "rows' rollout_step)")
-        self.done_at_cut, self._stop = None, threading.Event()
+        self.done_at_cut, self.abort_failed, self._stop = None, False, threading.Event()
         if self.budget is not None:
             self.cut = self.budget.cut()  # this step's allowance, from what the run has observed so far
         launched = len(uids) * self.rollout_n
@@ -76,12 +86,47 @@ class TailCutMonitor:
                 if len(done) >= launched:
                     return
                 if self.cut.should_cut(len(done), launched, level):
-                    self.done_at_cut = done
-                    self.abort.abort(checkpoint_manager, step)
-                    return
+                    break
                 time.sleep(self.poll_s)
+            else:
+                return
         except Exception:  # noqa: BLE001 - a failed watch must not take the step down: it only loses the cut
-            logger.exception("tail cut: the watch failed; this step runs to the end")
+            logger.exception("tail cut: the watch failed before it cut anything; this step runs to the end")
+            return
+        self._cut(checkpoint_manager, uids, launched, partition_id, step, done)
+
+    def _cut(self, checkpoint_manager, uids: set[str], launched: int, partition_id: str, step: int | None,
+             done: set[str]) -> None:
+        """Cut the step. ``done_at_cut`` is what had finished when the cut landed: with a rollout gate, the instant
+        before it closes (from then on a trajectory between turns ends as cut, and is recorded as soon as it does);
+        without one, once the replicas' abort has returned (until then a response may still finish on its own)."""
+        gate = self.abort.gate
+        self.done_at_cut = done
+        try:
+            self.abort.abort(checkpoint_manager, step)
+        except Exception:  # noqa: BLE001 - the step goes on; say what it got
+            self.abort_failed = True
+            if gate is not None and self.abort.gate_closed:
+                logger.exception(
+                    "tail cut: the abort failed after the rollout gate closed for step %s: its multi-turn "
+                    "trajectories still end at their next turn boundary and are trained as cut; turns generating "
+                    "on replicas the abort missed run to their end (labelled cut as well: lower bounds)", step)
+            elif gate is not None:
+                logger.exception("tail cut: closing the rollout gate for step %s failed: nothing was cut, this step "
+                                 "runs to the end", step)
+                self.done_at_cut = None
+            else:
+                logger.exception(
+                    "tail cut: aborting the replicas for step %s failed: responses on replicas it reached come back "
+                    "cut, the others run to their end; all %d unfinished are labelled cut (lower bounds)",
+                    step, launched - len(done))
+            return
+        if gate is None:
+            try:
+                self.done_at_cut = self._finished(uids, partition_id)  # the abort has landed
+            except Exception:  # noqa: BLE001 - keep the snapshot from the cut's decision
+                logger.exception("tail cut: reading the step's records after the abort failed; the responses "
+                                 "finished at the cut's decision count as done")
 
     def stop(self, launched_responses: int) -> dict[str, float]:
         """End the watch (the step's groups are all done); returns the step's tail-cut metrics."""
@@ -93,6 +138,7 @@ class TailCutMonitor:
         self.last_metrics = {
             "rollout/tail_cut/cut": float(cut),
             "rollout/tail_cut/cut_responses": float(launched_responses - len(self.done_at_cut)) if cut else 0.0,
+            "rollout/tail_cut/abort_failed": float(self.abort_failed),
         }
         return self.last_metrics
 

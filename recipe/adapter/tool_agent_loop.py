@@ -48,7 +48,8 @@ from .agent_loop import row_int
 from .fields import CAP, PARTIAL, ROLLOUT_STEP, SEED
 from .partial import RESUME_AT, ContinueFrom, PartialRef, StoredResponse, fetch_partial, mask_stale
 from .rollout_gate import GateWatch, gate_watch
-from .routes import StopRecorder, cover_routes, replay_on
+from .router import group_request_id
+from .routes import StopRecorder, finish_routes
 from .turns import TOOL_CALLS
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class CappedToolAgentLoop(ToolAgentLoop):
         self._answers: dict[int, tuple] = {}  # the tool stage's replies so far, by call index
         self._cut_at: TurnBoundary | None = None  # where an abort cut this run
         self._resumed_from: tuple[StoredResponse, TurnBoundary] | None = None
+        self._priority, self._request_id = row_int(priority), None  # the trajectory's (a routes re-prefill reuses them)
         server = self._plain_server = self.server_manager
         self._params = sampling_params
         ref = PartialRef.from_field(kwargs.get(PARTIAL))
@@ -143,8 +145,9 @@ class CappedToolAgentLoop(ToolAgentLoop):
             self.response_length = max(self.response_length, min(len(stored.tokens), full))
             server = ContinueFrom(server, stored.tokens[at.tokens:],
                                   stored.logprobs[at.tokens:] if stored.logprobs is not None else None,
-                                  complete=False, min_version=ref.min_version, limit=self.response_length)
-        self._client = _TurnClient(server, row_int(priority))
+                                  complete=False, min_version=ref.min_version, limit=self.response_length,
+                                  prompt_len=len(stored.prompt))
+        self._client = _TurnClient(server, self._priority)
         self.server_manager = self._client
         self.tool_parser = _SkipAbortedParser(self.tool_parser, self._client)
         self.gate = await gate_watch() if self._step is not None else None
@@ -153,9 +156,8 @@ class CappedToolAgentLoop(ToolAgentLoop):
     async def _routed(self, output: AgentLoopOutput) -> AgentLoopOutput:
         """With routing replay, routes for every trained token (``recipe.adapter.routes``): a trajectory returned
         from the store, resumed with its budget spent or ending in a tool reply carries none or too few."""
-        if replay_on(self.config):
-            await cover_routes(output, self._plain_server, self._params, self.config.actor_rollout_ref.model.path,
-                               cut=self._cut_at is not None)
+        await finish_routes(output, self._plain_server, self._params, self.config, cut=self._cut_at is not None,
+                            request_id=self._request_id, priority=self._priority)
         return output
 
     def _finish(self, output: AgentLoopOutput) -> AgentLoopOutput:
@@ -189,10 +191,15 @@ class CappedToolAgentLoop(ToolAgentLoop):
     async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
         state = await super()._handle_pending_state(agent_data, sampling_params)
         self._prompt_messages = len(agent_data.messages)
-        return state if self._resumed_from is None else self._restore(agent_data, *self._resumed_from)
+        if self._resumed_from is not None:
+            state = self._restore(agent_data, *self._resumed_from)
+        self._request_id = agent_data.request_id
+        return state
 
     def _restore(self, agent_data: AgentData, stored: StoredResponse, at: TurnBoundary) -> AgentState:
-        """verl's state at ``at`` from the stored trajectory (tool replies keep mask 0); the stage to enter."""
+        """verl's state at ``at`` from the stored trajectory (tool replies keep mask 0); the stage to enter. Its
+        requests carry its stored tokens after the prompt: their id names the group's prompt (group affinity)."""
+        agent_data.request_id = group_request_id(agent_data.request_id, len(stored.prompt))
         agent_data.prompt_ids = agent_data.prompt_ids + stored.tokens[: at.tokens]
         agent_data.response_mask = stored.mask[: at.tokens]
         agent_data.response_logprobs = stored.logprobs[: at.tokens] if stored.logprobs is not None else []

@@ -29,6 +29,9 @@ Only small hook overrides, each pinned by tests/contract:
   whose time key orders epochs with ``data.sampler.order_by=time``.
 * token records (``recipe.record_tokens.enable``): ``step`` also writes each trained response's prompt and response
   ids (``recipe/token_record.py``) and logs ``record_tokens/*``.
+* routing replay (R3, ``recipe/adapter/routes.py``): ``step`` logs the trained tokens masked for lack of routes
+  (``rollout/routes/unrouted_masked_tokens``); the over-sampler empties the routes of the records it keeps for a
+  resume; ``rollout/mismatch/*`` leaves out a resumed response's stale tokens (an older policy's log-probs).
 """
 from __future__ import annotations
 
@@ -58,7 +61,9 @@ from ..traces import LengthTraceWriter, finish_reasons
 from .columns import column_to_numpy, sequences
 from .fields import CAP, PARTIAL, PREDICTION, PRIORITY, ROLLOUT_STEP, ROW_ID, SEED
 from .oversample import OverSampleDriver
+from .partial import STALE
 from .progress import progress_line
+from .routes import replay_on, route_shape, routes_metrics
 from .rollout_gate import create_gate
 from .sampler import LengthAwareEpochSampler
 from .spec_metrics import SpecAcceptanceMeter, trace_fields
@@ -73,6 +78,7 @@ CAP_STATE_KEY = "cap_policy"
 RESUMED_PRIORITY = -(2**30)  # ahead of any predicted length
 OVER_SAMPLE_STATE_KEY = "over_sample"
 MISALIGNED = "rollout/mismatch/misaligned_records"  # records left out of rollout/mismatch/* (should stay 0)
+STALE_EXCLUDED = "rollout/mismatch/stale_tokens_excluded"  # trained tokens of an older policy left out of it
 TAIL_CUT_STATE_KEY = "tail_cut_budget"  # the truncation budget's controller (recipe.core.tailcut_budget)
 
 
@@ -128,15 +134,20 @@ class LengthAwareTrainer(PPOTrainerSync):
 
     def mismatch(self, batch) -> dict[str, float]:
         """``mismatch_metrics`` of the batch's records in TransferQueue (trainer's ``old_log_probs`` against the
-        rollout's ``rollout_log_probs`` where ``response_mask`` is set). In bypass mode verl sets the first to the
-        second, so the figures are zero there by construction."""
+        rollout's ``rollout_log_probs`` where ``response_mask`` is set), without a resumed response's stale tokens
+        (``extra_fields[STALE]``, over-sample ``continue``: an older policy generated them, so their gap measures the
+        policy's move, not the rollout engine's; counted in ``STALE_EXCLUDED``). In bypass mode verl sets the first
+        to the second, so the figures are zero there by construction."""
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["old_log_probs", "rollout_log_probs", "response_mask"])
-        rows = [(t.float().numpy(), r.float().numpy(), m.numpy()) for t, r, m in
-                zip(sequences(data["old_log_probs"]), sequences(data["rollout_log_probs"]),
-                    sequences(data["response_mask"]))]
+                               select_fields=["old_log_probs", "rollout_log_probs", "response_mask", "extra_fields"])
+        stale = [int(e.get(STALE, 0)) if isinstance(e, dict) else 0 for e in list(data["extra_fields"])]
+        rows = [(t.float().numpy(), r.float().numpy(), m.numpy() * (np.arange(len(m)) >= n), int(m[:n].sum()))
+                for t, r, m, n in zip(sequences(data["old_log_probs"]), sequences(data["rollout_log_probs"]),
+                                      sequences(data["response_mask"]), stale)]
         aligned = [row for row in rows if len(row[0]) == len(row[1]) == len(row[2])]
-        out = {} if not aligned else mismatch_metrics(*(np.concatenate(col) for col in zip(*aligned)))
+        out = {} if not aligned else mismatch_metrics(*(np.concatenate(col) for col in list(zip(*aligned))[:3]))
+        if any(row[3] for row in aligned):
+            out[STALE_EXCLUDED] = float(sum(row[3] for row in aligned))
         if len(aligned) < len(rows):  # a record whose log-probs do not line up with its tokens: say so, never guess
             logger.warning("mismatch: %d of %d records have log-probs of another length than their mask",
                            len(rows) - len(aligned), len(rows))
@@ -171,6 +182,7 @@ class LengthAwareTrainer(PPOTrainerSync):
                              if os_cfg.abort_events else None),
                 abort=self.step_abort,
                 multi_turn=self.multi_turn,
+                route_shape=route_shape(self.config.actor_rollout_ref.model.path) if replay_on(self.config) else None,
             )
             # Over-sampled steps launch any number of prompts: fetch one row per dataloader batch (verl does the
             # same for its exact refills).
@@ -323,10 +335,13 @@ class LengthAwareTrainer(PPOTrainerSync):
             return {}
         keys = [k for k, _ in real]
         turn_fields = ["num_turns", "response_mask", "extra_fields"] if getattr(self, "multi_turn", False) else []
+        routes = replay_on(self.config)  # R3: the trained tokens that left the loss for lack of routes
+        route_fields = ["extra_fields"] if routes and not turn_fields else []
         recorder = getattr(self, "token_recorder", None)
         token_fields = ["prompts", "responses"] if recorder is not None else []
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
-                               select_fields=[ROW_ID, CAP, PREDICTION, "metrics"] + turn_fields + token_fields)
+                               select_fields=[ROW_ID, CAP, PREDICTION, "metrics"] + turn_fields + route_fields
+                               + token_fields)
         resp = StepResponses(
             rows=column_to_numpy(data[ROW_ID], dtype=np.int64),
             lengths=np.array([int(tag["response_len"]) for _, tag in real], dtype=np.int64),
@@ -341,6 +356,8 @@ class LengthAwareTrainer(PPOTrainerSync):
         aborted = self.over_sample.last_aborted if self.over_sample is not None else None
         turns = trajectory_turns(data, resp.lengths) if turn_fields else None
         metrics = self.observe(resp, gen_time_s=gen_time_s, aborted=aborted, turns=turns)
+        if routes:
+            metrics.update(routes_metrics(list(data["extra_fields"])))
         if recorder is not None:
             # verl stores each record's prompt and response unpadded (AgentLoopWorkerTQ); a multi-turn response holds
             # its tool outputs too, recorded as they are (the acceptance estimator then drafts over them as well)

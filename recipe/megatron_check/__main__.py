@@ -38,7 +38,7 @@ def _init_distributed(cpu: bool) -> None:
 def _model_dir(args) -> Path:
     if args.model:
         return Path(args.model)
-    from ..testing.tiny import build_tiny_qwen3_moe
+    from ..tiny.artifacts import build_tiny_qwen3_moe
 
     return build_tiny_qwen3_moe()
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "replay":
             p.add_argument("--rollouts", required=True, help="vLLM rollouts with routes (replay.save_rollouts)")
             p.add_argument("--paths", help="rollouts recorded through the recipe's agent loop, one per path "
-                                            "(recipe.testing.route_paths): replayed after one optimizer step")
+                                            "(recipe.route_record.paths): replayed after one optimizer step")
     args = ap.parse_args(argv)
     return reshard_save(args) if args.cmd == "reshard-save" else run(args)
 

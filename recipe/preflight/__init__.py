@@ -52,6 +52,9 @@ __all__ = ["KNOB", "KNOBS", "Knob", "PreflightReport", "RunPaths", "build_overri
 
 def _effective_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment with the preset's values under the user's explicit (non-empty) ones."""
+    from ..policy_presets import policy_env
+
+    env = policy_env(env)  # POLICY_PRESET: the simulator's configuration, under the user's own variables
     preset = (env.get("PRESET") or "").strip()
     if preset == "smoke":
         from ..smoke import smoke_env as preset_env

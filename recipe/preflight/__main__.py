@@ -22,9 +22,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.print_env:
         unknown = [n for n in args.print_env if n not in KNOB or KNOB[n].kind == "script"]
-        values, errors = parse_env(os.environ, tuple(args.print_env))
-        errors += [f"{n} is not a preflight variable" for n in unknown]
-        if errors:
+        # every variable: a computed default (EXPERIMENT_NAME, ...) reads others; their errors say why it has no value
+        values, errors = parse_env(os.environ)
+        missing = [n for n in args.print_env if n not in unknown and n not in values]
+        if unknown or missing:
+            errors = [f"{n} is not a preflight variable" for n in unknown] + [e for n in missing for e in (
+                [e for e in errors if e.startswith(f"{n}=") or e.startswith(f"{n} ")]
+                or [f"{n} has no value: fix the variables it is computed from ({'; '.join(errors)})"])]
             print("\n".join(f"preflight: ERROR: {e}" for e in errors), file=sys.stderr)
             return 2
         print("\n".join(f"{n}={shlex.quote(str(values[n]))}" for n in args.print_env))

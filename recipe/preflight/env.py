@@ -62,8 +62,9 @@ _REQUIRED_HINT = {
                    "bash scripts/convert_hf_to_distcp.sh` on a GPU node), or DISTCP_PATH=none to let Megatron-Bridge load "
                    "MODEL_PATH directly",
     "TRAIN_FILE": "export TRAIN_FILE=/path/to/train.parquet (`python scripts/prepare_data.py --help` converts "
-                  "GSM8K / DAPO-Math-17k / DeepScaleR)",
-    "TEST_FILE": "export TEST_FILE=/path/to/test.parquet",
+                  "GSM8K / DAPO-Math-17k / DeepScaleR / AIME 2024)",
+    "TEST_FILE": "export TEST_FILE=/path/to/test.parquet (e.g. AIME 2024: `python scripts/prepare_data.py --dataset "
+                 "aime24 --input aime_2024.parquet --output test.parquet`)",
 }
 
 
@@ -125,9 +126,9 @@ def _cross_env_errors(v: dict) -> list[str]:
     if v["ROUTER_REPLAY"] != "off" and v["PRESET"] == "cpu":
         errors.append(f"ROUTER_REPLAY={v['ROUTER_REPLAY']} with PRESET=cpu: router replay needs the Megatron engine; "
                       "the CPU preset trains with verl's FSDP engine, which never replays routes (verl/workers/"
-                      "engine_workers.py reads router_replay only for the megatron and veomni strategies), and vLLM "
-                      "CPU 0.28 cannot return routed experts (its CPU MoE kernel refuses the capture hook). Unset "
-                      "ROUTER_REPLAY (or ROUTER_REPLAY=off) for the CPU preset")
+                      "engine_workers.py reads router_replay only for the megatron and veomni strategies), so the "
+                      "routes vLLM CPU returns would be replayed by nothing. Unset ROUTER_REPLAY (or "
+                      "ROUTER_REPLAY=off) for the CPU preset")
     if "/" in v["EXPERIMENT_NAME"] or v["EXPERIMENT_NAME"] in (".", ".."):
         errors.append(f"EXPERIMENT_NAME={v['EXPERIMENT_NAME']!r} must be a plain directory name (no '/')")
     loggers = [s.strip() for s in v["TRAINER_LOGGER"].split(",") if s.strip()]

@@ -43,6 +43,14 @@ def _suffix_depth(v: dict) -> int:
     return 8 if v["ROLLOUT_SPECULATIVE"] == "group" else 24
 
 
+def _suffix_cached(v: dict) -> int:
+    return 80000 if v["ROLLOUT_SPECULATIVE"] == "group" else 10000
+
+
+def _group_affinity(v: dict) -> bool:
+    return v["ROLLOUT_SPECULATIVE"] == "group"
+
+
 def is_cpu(v: dict) -> bool:
     """The CPU preset: verl's FSDP engine and a vLLM CPU replica instead of Megatron on GPUs."""
     return v["PRESET"] == "cpu"
@@ -119,9 +127,14 @@ TOOL_CONFIGS = REPO_ROOT / "recipe" / "tools" / "configs"
 
 KNOBS: tuple[Knob, ...] = (
     Knob("PRESET", "choice", "", "(the defaults of the other variables)", "`cpu`: the whole recipe through verl's "
-         "loop on a CPU (tiny random Qwen3-MoE, FSDP, vLLM CPU; a few minutes), the default when MODEL_PATH is unset "
+         "loop on a CPU (a tiny Qwen3-MoE trained here, CPU_MODEL; FSDP, vLLM CPU; a few minutes), the default when MODEL_PATH is unset "
          "and no GPU is visible; `smoke`: the tiny model on 1 GPU with Megatron, the default when MODEL_PATH is "
          "unset on a GPU machine", default_doc="unset", choices=("", "cpu", "smoke"), group=_G_IN),
+    Knob("POLICY_PRESET", "choice", "", "(the sampler, cap, tail cut, scheduling and drafter variables)",
+         "`best-onpolicy-spec`: the simulator's fastest strictly on-policy configuration of that name (tail cut at "
+         "0.8 point, longest-first order, no cap, ROLLOUT_SPECULATIVE=group; `recipe/policy_presets.py`); your own "
+         "variables win; its warm start is SAMPLER_INIT_FROM", default_doc="unset",
+         choices=("", "best-onpolicy-spec"), group=_G_IN),
     Knob("CPU_MODEL", "choice", "trained", "(PRESET=cpu: MODEL_PATH, TRAIN_FILE, TEST_FILE, the reward, lengths, "
          "cap)", "PRESET=cpu: `trained`: the tiny model trained on countdowns (answers end with EOS at lengths the "
          "prompt sets); `random`: the random tiny model on a smoke reward (every response runs to the limit); "
@@ -242,16 +255,21 @@ KNOBS: tuple[Knob, ...] = (
          "suffix of the context matched (with NGRAM_MIN, measured: docs/results.md)", minimum=1, group=_G_ROLLOUT),
     Knob("ROLLOUT_SPECULATIVE_SUFFIX_DEPTH", "int", _suffix_depth, "speculative_config.suffix_decoding_max_tree_depth",
          "suffix: tree depth (prefix match + draft length; vLLM's default); group: the longest match (8 accepts as "
-         "much as 24 on sampled code, at a third of the memory and 60% of the CPU time: bench/group_drafter.py)",
+         "much as 24 on sampled code, 1.941 vs 1.947 tokens per step: bench/group_drafter.py; 24 costs the rebuilt "
+         "corpus 1.1-1.6x the CPU time per token at the same memory: bench/group_drafter_cost.py --depth 24)",
          default_doc="24; 8 with group", minimum=1, group=_G_ROLLOUT),
-    Knob("ROLLOUT_SPECULATIVE_SUFFIX_CACHED", "int", "10000", "speculative_config.suffix_decoding_max_cached_requests",
+    Knob("ROLLOUT_SPECULATIVE_SUFFIX_CACHED", "int", _suffix_cached,
+         "speculative_config.suffix_decoding_max_cached_requests",
          "suffix: earlier responses kept in the engine's global tree (FIFO; 0: prompt and own output only; vLLM's "
-         "default); group: finished responses kept per engine (FIFO; ~0.2 KB per token at depth 8)", minimum=0,
-         group=_G_ROLLOUT),
-    Knob("ROLLOUT_GROUP_AFFINITY", "bool", "0", f"{ARR}.rollout.router_config_path=configs/router/group_affinity.yaml",
-         "route every response of a GRPO group to one vLLM replica (the group's first request to the least-loaded "
-         "one; `recipe/adapter/router.py`, through verl's router extension point), so suffix drafting sees running "
-         "siblings; off by default: its load-balance cost is in docs/results.md", group=_G_ROLLOUT),
+         "default); group: finished texts kept per engine (FIFO), an epoch of its home prompts at the users' scale "
+         "(17.4k prompts x 16 / 4 replicas = 69.6k) with room; the preflight states the node's memory bound",
+         default_doc="10000; 80000 with group", minimum=0, group=_G_ROLLOUT),
+    Knob("ROLLOUT_GROUP_AFFINITY", "bool", _group_affinity,
+         f"{ARR}.rollout.router_config_path=configs/router/group_affinity.yaml",
+         "route every response of a GRPO group to one vLLM replica, and a prompt's later groups back to it (its "
+         "home; `recipe/adapter/router.py`, through verl's router extension point), so the group drafter sees the "
+         "running siblings and the prompt's history; on with group (which the preflight refuses without it), off "
+         "otherwise: its load-balance cost is in docs/results.md", default_doc="0; 1 with group", group=_G_ROLLOUT),
     Knob("MULTI_TURN", "bool", "0", f"{ARR}.rollout.multi_turn.enable, .tool_config_path, .format=hermes, "
          f"{ARR}.rollout.agent.default_agent_loop=length_capped_tool_agent", "multi-turn tool-calling rollouts through "
          "`CappedToolAgentLoop` (verl's ToolAgentLoop with the recipe's per-row token budget, per-turn seeds, "
@@ -287,7 +305,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("DATA_SEED", "int", "0", "data.seed, data.sampler.seed", "seed of the data order: verl's random order in the "
          "baseline arms, the sampler's first epoch and tie-breaks", minimum=0, group=_G_RECIPE),
     Knob("ROLLOUT_SAMPLING_SEED", "opt_int", "", "recipe.sampling_seed", "per-response vLLM seeds from (seed, epoch, "
-         "row, sample): reruns and resumes draw the same random numbers; unset: vLLM's engine RNG", default_doc="unset",
+         "row, sample): reruns and resumes draw the same random numbers (not with ROLLOUT_SPECULATIVE=group or "
+         "suffix: vLLM draws at drafted positions, and their drafts depend on the engine's corpus, docs/design.md); "
+         "unset: vLLM's engine RNG", default_doc="unset",
          minimum=0, group=_G_RECIPE),
     Knob("SAMPLER_INIT_FROM", "path_or_none", "none", "data.sampler.init_from", "warm start: an earlier run's "
          "`length_traces.jsonl` (or run dir) on the same prompts, matched by content; epoch 0 is then ordered and "
@@ -348,9 +368,13 @@ KNOBS: tuple[Knob, ...] = (
          "recording for the rest of the run, nothing recorded is deleted", minimum=1, group=_G_RECIPE),
     Knob("PROJECT_NAME", "str", "length-aware-grpo", "trainer.project_name", "wandb project", group=_G_RUN),
     Knob("EXPERIMENT_NAME", "str", _experiment_name, "trainer.experiment_name", "run name and run directory name",
-         default_doc="`<model>-grpo-<variant>`: `resampler`, `resampler-nocap`, `resampler-calcap`, `-os`, "
-         "`baseline`; `-ngram`/`-suffix`/`-group` with ROLLOUT_SPECULATIVE, `-tools` with MULTI_TURN, `-noreplay`/`-r2`/`-r3` "
-         "with a ROUTER_REPLAY other than its default", group=_G_RUN),
+         default_doc="`<model>-grpo-<variant>`, `<model>`: PRESET or MODEL_PATH's folder name in lower case; "
+         "`<variant>`: `baseline` / `baseline-eager` (the two baseline arms), else `resampler` then `-nocap` / "
+         "`-calcap` / `-budgetcap` (cap off, or its mode), `-warm` (SAMPLER_INIT_FROM or SAMPLER_PRIOR_COLUMN), `-os` "
+         "(OVER_SAMPLE_ENABLE), `-tailcut` (TAIL_CUT_ENABLE); then, for any arm, `-ngram` / `-suffix` / `-group` "
+         "(ROLLOUT_SPECULATIVE), `-tools` (MULTI_TURN), `-noreplay` / `-r2` (ROUTER_REPLAY off or R2 where R3 is the "
+         "default); e.g. POLICY_PRESET=best-onpolicy-spec warm-started: "
+         "`qwen3-30b-a3b-grpo-resampler-nocap-warm-tailcut-group`", group=_G_RUN),
     Knob("CKPT_ROOT", "path", str(REPO_ROOT / "checkpoints"), "trainer.default_local_dir=CKPT_ROOT/EXPERIMENT_NAME",
          "parent of the run directories (shared filesystem on multi-node)", default_doc="`<repo>/checkpoints`",
          group=_G_RUN),
@@ -381,6 +405,11 @@ KNOBS: tuple[Knob, ...] = (
          "path", default_doc="unset", group=_G_SCRIPT),
     Knob("RECIPE_PYTHON", "script", None, "(script)", "Python to use (else `.venv-gpu`, a `python3` with verl, a new "
          "`.venv-gpu` on a GPU machine, or the CPU `.venv`)", default_doc="unset", group=_G_SCRIPT),
+    Knob("RECIPE_VENV", "script", None, "(script)", "the CPU venv's directory (default `.venv` in the checkout; "
+         "`scripts/bootstrap_venv.sh` creates or refreshes it)", default_doc=".venv", group=_G_SCRIPT),
+    Knob("RECIPE_CONSOLE", "script", "quiet", "(script)", "quiet: the terminal shows the preflight, the recipe's "
+         "line per step and where the logs are, the rest goes to the run's console log; full: everything",
+         group=_G_SCRIPT),
     Knob("CPU_RUN_TIMEOUT_S", "script", "1800", "(script)", "PRESET=cpu: hard limit of the run; the whole process "
          "tree (Ray, vLLM, FSDP workers) is ended with it", group=_G_SCRIPT),
     Knob("RAY_ADDRESS", "script", None, "(ray.init)", "join a running Ray cluster (multi-node); no local GPU "

@@ -14,7 +14,7 @@ from .batches import is_on
 from .knobs import ARR, MEG, config_name, is_cpu
 from .model import expert_count
 from .overrides import RunPaths, hydra_quote
-from .router_replay import routing_row
+from .router_replay import gpu_memory_bytes, routing_rows
 
 
 @dataclass
@@ -78,7 +78,7 @@ def summary_table(c: Mapping, v: dict, layout: dict, hf: dict | None, report: Pr
             f"seed: min({select(c, 'data.max_response_length')}, max({cap.get('min_tokens')}, {cap.get('factor')} x "
             "estimate))" if cap.get("mode") == "seed" else "calibrated")),
         ("over-sample", f"ratio {os_.get('ratio')}" if is_on(os_.get("enable")) else "off"),
-        ("router replay", routing_row(c, hf)),
+        *routing_rows(c, hf, gpu_memory_bytes()),
         ("checkpoints", f"every {select(c, 'trainer.save_freq')} steps, keep {select(c, 'trainer.max_actor_ckpt_to_keep')}"
                         f", resume {select(c, 'trainer.resume_mode')}" if select(c, "trainer.save_freq", -1) > 0 else
                         f"off (save_freq -1, resume {select(c, 'trainer.resume_mode')})"),

@@ -50,15 +50,17 @@ def check_rollout(cfg: Mapping, hf: dict | None, world: int, errors: list[str]) 
     errors.extend(speculative_problems(cfg))
 
 
-# recipe/drafting/corpus.py keeps up to ~28 bytes per token of the texts it holds per window length
-# (bench/group_drafter.py on sampled code: 203 B per token at depth 8, 645 at depth 24)
-GROUP_BYTES_PER_TOKEN_AND_DEPTH = 28
+# recipe/drafting/corpus.py's arrays per token held (bench/group_drafter_cost.py, depth 8: 39-43 B on code and prose,
+# 52-56 B on random tokens, where every window is new; plus room for a table that has just doubled)
+GROUP_BYTES_PER_TOKEN = 72
 
 
 def group_drafter_memory(cfg: Mapping, errors: list[str], notes: list[str], node_memory: int | None) -> None:
-    """``ROLLOUT_SPECULATIVE=group``: each replica's drafting corpus lives in host memory, bounded by the finished
-    responses it keeps (``ROLLOUT_SPECULATIVE_SUFFIX_CACHED``) plus the running ones, each up to a prompt and a
-    response long; the bound for one node's replicas is stated, and refused above a quarter of its memory."""
+    """``ROLLOUT_SPECULATIVE=group``: each engine's output rank keeps a drafting corpus in host memory (the other TP
+    ranks keep none: recipe/drafting/vllm_proposer.py), bounded by the finished texts it keeps
+    (``ROLLOUT_SPECULATIVE_SUFFIX_CACHED``) plus the running ones, each up to a prompt and a response long; the bound
+    for one node's engines is stated with how many steps of history it holds, and refused above a quarter of the
+    node's memory."""
     from ..core.routing_cost import WARN_SHARE_OF_NODE_MEMORY, fmt_bytes
     from ..rollout_spec import GROUP_PROPOSER, KEY
 
@@ -66,18 +68,21 @@ def group_drafter_memory(cfg: Mapping, errors: list[str], notes: list[str], node
     if not isinstance(spec, Mapping) or spec.get("model") != GROUP_PROPOSER:
         return
     r = lambda k: select(cfg, f"{ARR}.rollout.{k}")  # noqa: E731
-    texts = spec.get("suffix_decoding_max_cached_requests", 0) + r("max_num_seqs")
+    kept = spec.get("suffix_decoding_max_cached_requests", 0)
     tokens = select(cfg, "data.max_prompt_length") + select(cfg, "data.max_response_length")
-    per_replica = texts * tokens * spec.get("suffix_decoding_max_tree_depth", 1) * GROUP_BYTES_PER_TOKEN_AND_DEPTH
-    gpus = r("tensor_model_parallel_size") * (r("data_parallel_size") or 1) * (r("pipeline_model_parallel_size") or 1)
-    per_node = per_replica * max(1, select(cfg, "trainer.n_gpus_per_node") // gpus)
-    what = (f"ROLLOUT_SPECULATIVE=group keeps up to {fmt_bytes(per_node)} of drafting corpus per node "
-            f"({fmt_bytes(per_replica)} per replica: (ROLLOUT_SPECULATIVE_SUFFIX_CACHED + ROLLOUT_MAX_NUM_SEQS) x "
-            f"(MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) x ROLLOUT_SPECULATIVE_SUFFIX_DEPTH x "
-            f"{GROUP_BYTES_PER_TOKEN_AND_DEPTH} B, at most: most responses end sooner)")
+    per_engine = (kept + r("max_num_seqs")) * tokens * GROUP_BYTES_PER_TOKEN
+    engine_gpus = r("tensor_model_parallel_size") * (r("pipeline_model_parallel_size") or 1)
+    engines = max(1, select(cfg, "trainer.n_gpus_per_node") // engine_gpus)
+    per_node = per_engine * engines
+    texts_per_step = (select(cfg, "data.train_batch_size") * r("n")
+                      / max(1, engines * (select(cfg, "trainer.nnodes") or 1)))
+    what = (f"ROLLOUT_SPECULATIVE=group keeps up to {fmt_bytes(per_node)} of drafting corpus per node ({engines} "
+            f"engines x {fmt_bytes(per_engine)}, one corpus per engine on its output rank: "
+            "(ROLLOUT_SPECULATIVE_SUFFIX_CACHED + ROLLOUT_MAX_NUM_SEQS) x (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) x "
+            f"{GROUP_BYTES_PER_TOKEN} B, at most: most responses end sooner); its history holds ~{kept / texts_per_step:.0f} "
+            "steps of an engine's texts")
     if node_memory and per_node > WARN_SHARE_OF_NODE_MEMORY * node_memory:
         errors.append(f"{what}, more than {WARN_SHARE_OF_NODE_MEMORY:.0%} of this node's {fmt_bytes(node_memory)}: "
-                      "lower ROLLOUT_SPECULATIVE_SUFFIX_CACHED (the prompt's history shrinks) or "
-                      "ROLLOUT_SPECULATIVE_SUFFIX_DEPTH")
+                      "lower ROLLOUT_SPECULATIVE_SUFFIX_CACHED (the prompt's history shrinks)")
     else:
         notes.append(what)

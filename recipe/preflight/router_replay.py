@@ -1,14 +1,18 @@
-"""MoE router replay (``ROUTER_REPLAY``) on the composed config: what verl 0.9.1 and vLLM cannot serve, and the
-routing data a configuration moves per step and holds across steps (``recipe/core/routing_cost.py``).
+"""MoE router replay (``ROUTER_REPLAY``) on the composed config: what verl 0.9.1 and vLLM cannot serve, the routing
+data a configuration moves per step as the rollout writes it and the trainer reads it, and what vLLM holds for it
+per engine (``recipe/core/routing_cost.py``).
 
 Each refusal is something verl or vLLM would otherwise meet only in a worker, minutes into the launch, or never
 (a silently different replay). The keys are read from the composed config, so a user's own override is checked too.
 """
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Mapping
 
-from ..core.routing_cost import WARN_SHARE_OF_NODE_MEMORY, describe, fmt_bytes, routing_cost
+from ..core.routing_cost import (DEVICE_ROUTE_BYTES, WARN_SHARE_OF_NODE_MEMORY, describe, fmt_bytes, routing_cost,
+                                 vllm_buffer_bytes_per_kv_token)
 from ..settings import select
 from .batches import is_on
 from .knobs import ARR, MEG
@@ -111,39 +115,86 @@ def _check_vllm_capture(cfg: Mapping, errors: list[str]) -> None:
                       "ROUTER_REPLAY=R2")
 
 
+def _top_k(hf: dict | None) -> int | None:
+    return next((hf[k] for k in TOP_K_KEYS if isinstance((hf or {}).get(k), int)), None)
+
+
 def routing_cost_of(cfg: Mapping, hf: dict | None):
     """The routing data of the composed config (None: replay off, or the model's layers / top-k unknown)."""
-    mode = replay_mode(cfg)
-    top_k = next((hf[k] for k in TOP_K_KEYS if isinstance((hf or {}).get(k), int)), None)
+    mode, top_k = replay_mode(cfg), _top_k(hf)
     if mode == "disabled" or not hf or not expert_count(hf) or not top_k:
         return None
     os_ = select(cfg, "recipe.over_sample", {}) or {}
-    over = is_on(os_.get("enable"))
+    meg = select(cfg, MEG, {}) or {}
     return routing_cost(mode, layers=hf["num_hidden_layers"], top_k=top_k, batch=select(cfg, "data.train_batch_size"),
                         n=select(cfg, f"{ARR}.rollout.n"), prompt_length=select(cfg, "data.max_prompt_length"),
                         response_length=select(cfg, "data.max_response_length"),
-                        over_sample_ratio=float(os_.get("ratio") or 0) if over else 0.0,
-                        continue_partial=over and os_.get("requeue") == "continue")
+                        over_sample_ratio=float(os_.get("ratio") or 0) if is_on(os_.get("enable")) else 0.0,
+                        bypass_old_log_probs=is_on(select(cfg, "algorithm.rollout_correction.bypass_mode")),
+                        # verl's need_reference_policy: the reference's pass fetches the batch, routes included
+                        reference=is_on(select(cfg, "algorithm.use_kl_in_reward"))
+                        or is_on(select(cfg, f"{ARR}.actor.use_kl_loss")),
+                        model_parallel=(meg.get("tensor_model_parallel_size") or 1)
+                        * (meg.get("pipeline_model_parallel_size") or 1) * (meg.get("context_parallel_size") or 1))
 
 
-def routing_row(cfg: Mapping, hf: dict | None) -> str:
-    """The summary table's line: the mode and, when on, what it moves and holds."""
+def gpu_memory_bytes() -> int | None:
+    """The smallest GPU's memory on this node (nvidia-smi), None where there is none to ask."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return min(int(line) for line in out.split()) * 2**20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def vllm_routes_row(cfg: Mapping, hf: dict | None, gpu_memory: int | None) -> str | None:
+    """R3's routes inside vLLM 0.24 (``recipe/core/routing_cost.py``): the scheduler's buffer, one row per KV-cache
+    slot, sized at start-up in each engine core's host memory; bounded by the KV cache a ``gpu_memory`` GPU leaves
+    (None: stated per KV-cache token); and each worker's capture buffers. None without R3 or the model's sizes."""
+    top_k = _top_k(hf)
+    if replay_mode(cfg) != "R3" or not hf or not expert_count(hf) or not top_k:
+        return None
+    r = lambda k: select(cfg, f"{ARR}.rollout.{k}")  # noqa: E731
+    layers, per_slot = hf["num_hidden_layers"], vllm_buffer_bytes_per_kv_token(hf["num_hidden_layers"], top_k,
+                                                                               expert_count(hf))
+    heads = hf.get("num_key_value_heads") or hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    kv_per_token = layers * 2 * heads * head_dim * 2  # K and V in bf16
+    gpus = r("tensor_model_parallel_size") * (r("pipeline_model_parallel_size") or 1)  # one engine core's GPUs
+    engines = max(1, select(cfg, "trainer.n_gpus_per_node") // gpus)
+    text = (f"vLLM's scheduler holds {per_slot} B of routes per KV-cache token ({per_slot / kv_per_token:.2%} of the "
+            "KV cache's bytes, uint8 ids) in each engine core's host memory, allocated at start-up")
+    if gpu_memory:
+        bound = per_slot / kv_per_token * r("gpu_memory_utilization") * gpu_memory * gpus
+        text += (f": at most {fmt_bytes(bound)} per engine, {fmt_bytes(bound * engines)} for the {engines} per node "
+                 f"(the KV cache of {gpus} x {fmt_bytes(gpu_memory)} GPUs at gpu_memory_utilization "
+                 f"{r('gpu_memory_utilization')}; vLLM logs the exact size: 'RoutedExpertsManager CPU buffer')")
+    device = r("max_num_batched_tokens") * layers * top_k * DEVICE_ROUTE_BYTES
+    return text + f"; each GPU worker {fmt_bytes(device)} of capture buffer (int32) and as much pinned host memory"
+
+
+def routing_rows(cfg: Mapping, hf: dict | None, gpu_memory: int | None = None) -> list[tuple[str, str]]:
+    """The summary table's lines: the mode and, when on, what it moves; with R3, what vLLM holds for it."""
     mode = replay_mode(cfg)
     if mode == "disabled":
-        return "off (ROUTER_REPLAY=off)"
+        return [("router replay", "off (ROUTER_REPLAY=off)")]
     cost = routing_cost_of(cfg, hf)
-    return describe(cost) if cost else f"{mode} (the model's layers / top-k are unknown: no size estimate)"
+    rows = [("router replay", describe(cost) if cost else
+             f"{mode} (the model's layers / top-k are unknown: no size estimate)")]
+    vllm = vllm_routes_row(cfg, hf, gpu_memory)
+    return rows + ([("routes in vLLM", vllm)] if vllm else [])
 
 
 def routing_memory_note(cfg: Mapping, hf: dict | None, notes: list[str], node_memory: int | None) -> None:
-    """A warning when one step's routes (plus those kept across steps) exceed a share of a node's memory."""
+    """A warning when one step's routes exceed a share of a node's memory."""
     cost = routing_cost_of(cfg, hf)
-    if cost is None or not node_memory or cost.total <= WARN_SHARE_OF_NODE_MEMORY * node_memory:
+    if cost is None or not node_memory or cost.per_step <= WARN_SHARE_OF_NODE_MEMORY * node_memory:
         return
-    knobs = "MAX_RESPONSE_LENGTH, TRAIN_BATCH_SIZE, ROLLOUT_N, OVER_SAMPLE_RATIO" + (
-        " / OVER_SAMPLE_REQUEUE=restart" if cost.held_across_steps else "")
-    notes.append(f"ROUTER_REPLAY={cost.mode} moves up to {fmt_bytes(cost.per_step)} of routes per step"
-                 + (f" and holds {fmt_bytes(cost.held_across_steps)} across steps" if cost.held_across_steps else "")
-                 + f", more than {WARN_SHARE_OF_NODE_MEMORY:.0%} of this node's {fmt_bytes(node_memory)} of memory "
-                 "(TransferQueue's storage and Ray's object store keep it in host memory); it is bounded by "
-                 f"{knobs} (bytes = responses x (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) x layers x top-k x 2)")
+    notes.append(f"ROUTER_REPLAY={cost.mode} moves up to {fmt_bytes(cost.per_step)} of routes per step, more than "
+                 f"{WARN_SHARE_OF_NODE_MEMORY:.0%} of this node's {fmt_bytes(node_memory)} of memory (TransferQueue's "
+                 "storage and Ray's object store keep it in host memory); it is bounded by MAX_RESPONSE_LENGTH, "
+                 "TRAIN_BATCH_SIZE, ROLLOUT_N, OVER_SAMPLE_RATIO (bytes = responses x (MAX_PROMPT_LENGTH + "
+                 "MAX_RESPONSE_LENGTH) x layers x top-k x 2)")

@@ -7,8 +7,9 @@ error in every trajectory. Here the tools are loaded with verl's own loader and 
 backend (``recipe.tools.verl_tools.PythonTool``) runs ``print(1+1)`` through it before anything starts.
 
 verl places its agent-loop workers round-robin over the nodes; each runs up to ``max_concurrency`` sandboxes of one
-tool at once, each held to ``limits.memory_bytes`` in total (its cgroup), or to ``memory_bytes`` per process times
-``max_processes`` where per-process limits were accepted. Beside vLLM and the trainer, that sum must stay under
+tool at once, each held to ``limits.memory_bytes`` in total (its cgroup; the landlock sandbox's one process), or,
+where per-process limits were accepted, to ``max_processes`` x (``memory_bytes`` + what ``max_open_files`` sockets
+may buffer) + its two tmpfs (memfd, SysV and POSIX IPC are denied by the syscall allowlist). Beside vLLM and the trainer, that sum must stay under
 :data:`SANDBOX_MEMORY_SHARE` of the node's memory (this node's ``MemTotal``: the launch's nodes are alike).
 """
 from __future__ import annotations
@@ -36,11 +37,21 @@ def node_memory_bytes(meminfo: str = "/proc/meminfo") -> int | None:
     return None
 
 
+def socket_buffer_bytes(sysctl: str = "/proc/sys/net/core") -> int:
+    """What one socket may hold in the kernel here: its default send and receive buffers (the syscall allowlist
+    denies raising them, recipe/tools/syscalls.py)."""
+    try:
+        return sum(int(open(f"{sysctl}/{name}").read().split()[0]) for name in ("wmem_default", "rmem_default"))
+    except (OSError, ValueError, IndexError):
+        return 2 * 212992  # Linux's default for each
+
+
 def sandbox_memory(cfg: Mapping, tools: list, path: str) -> tuple[int, str] | None:
     """(bytes, how they add up) for the local sandboxes one node may run at once; None when the tools hold none."""
     from ..tools.bwrap import BubblewrapBackend
+    from ..tools.landlock_sandbox import LandlockBackend
 
-    local = [t for t in tools if isinstance(getattr(t, "backend", None), BubblewrapBackend)]
+    local = [t for t in tools if isinstance(getattr(t, "backend", None), (BubblewrapBackend, LandlockBackend))]
     if not local:
         return None
     workers = int(select(cfg, f"{ARR}.rollout.agent.num_workers") or 1)
@@ -50,11 +61,17 @@ def sandbox_memory(cfg: Mapping, tools: list, path: str) -> tuple[int, str] | No
     for tool in local:
         b = tool.backend
         lim, conc = b.limits, int(getattr(tool, "max_concurrency", 1))
-        per_process = b.limits_mode()[0] is None
-        each = lim.memory_bytes * (lim.max_processes if per_process else 1)
+        per_process = isinstance(b, BubblewrapBackend) and b.limits_mode()[0] is None  # landlock: one process
+        if per_process:  # outside each address space: the two tmpfs (/tmp, /dev/shm) and socket buffers
+            buffers = lim.max_open_files * socket_buffer_bytes()
+            each = lim.max_processes * (lim.memory_bytes + buffers) + 2 * lim.scratch_bytes
+            how = (f"(max_processes {lim.max_processes} x (memory_bytes {lim.memory_bytes / GiB:g} GiB + "
+                   f"max_open_files {lim.max_open_files} x {socket_buffer_bytes() // 1024} KiB of socket buffer) "
+                   f"+ 2 x scratch_bytes {lim.scratch_bytes / GiB:g} GiB) (per-process limits)")
+        else:
+            each = lim.memory_bytes
+            how = f"memory_bytes {lim.memory_bytes / GiB:g} GiB in total per sandbox"
         total += per_node * conc * each
-        how = (f"memory_bytes {lim.memory_bytes / GiB:g} GiB x max_processes {lim.max_processes} (per-process limits)"
-               if per_process else f"memory_bytes {lim.memory_bytes / GiB:g} GiB in total per sandbox")
         parts.append(f"tool {tool.name!r}: max_concurrency {conc} x {how}")
     where = (f"{per_node} agent-loop worker(s) per node ({ARR}.rollout.agent.num_workers={workers} over "
              f"trainer.nnodes={nnodes}) x ({'; '.join(parts)}) in TOOL_CONFIG={path}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from recipe.report.load import Run
 from recipe.sim.acceptance import Drafter, estimate, group_from_record, markdown, record_lines
+from recipe.sim.corpus_limits import EngineLimits, engine_line
 from recipe.token_record import step_files
 
 MAX_GROUPS = 200
@@ -24,6 +25,7 @@ DRAFTERS = (
     (Drafter.parse("suffix:own+group"), "what `ROLLOUT_SPECULATIVE=group` drafts from in a first epoch"),
     (Drafter.parse("suffix:own+group+history"), "`ROLLOUT_SPECULATIVE=group` once earlier epochs are known"),
 )
+SPEC_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config"
 _PROMPT_ID = re.compile(r'^\{"prompt_id":"((?:[^"\\]|\\.)*)"')  # recipe/token_record.py writes it first
 
 
@@ -66,7 +68,8 @@ def drafter_section(runs: list[Run], boot: int = 1000) -> str:
         if directory is None:
             continue
         report = estimate(sample_groups(directory), [d for d, _ in DRAFTERS], boot=boot)
-        parts.append(f"### {run.name}\n\n{markdown(report)}\n\n{_verdict(report)}\n")
+        engine = engine_line(report, run_limits(run))
+        parts.append(f"### {run.name}\n\n{markdown(report)}\n\n{_verdict(report)}{' ' + engine if engine else ''}\n")
     if not parts:
         return ""
     names = "; ".join(f"`{d.name}`: {why}" for d, why in DRAFTERS)
@@ -78,6 +81,26 @@ def drafter_section(runs: list[Run], boot: int = 1000) -> str:
             "earlier recorded epoch). 1.0 means speculation saves nothing; "
             "a drafter pays when it is clearly above 1 (a verify step costs more than a decode step, and drafting "
             "costs CPU, so the speed-up is less than this).\n\n" + "\n".join(parts))
+
+
+def run_limits(run: Run) -> EngineLimits:
+    """The run's own scale where its config says it (n, batch, engines, finished texts kept; whether its router keeps
+    homes), the users' scale for the rest (the dataset's size is not in the config)."""
+    v = run.config.values if run.config is not None else {}
+    d = EngineLimits()
+
+    def num(key, default):
+        x = v.get(key)
+        return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else default
+
+    tp = num("actor_rollout_ref.rollout.tensor_model_parallel_size", 0)
+    gpus = num("trainer.nnodes", 1) * num("trainer.n_gpus_per_node", 0)
+    engines = gpus // tp if tp and gpus >= tp else d.engines
+    router = str(v.get("actor_rollout_ref.rollout.router_config_path") or "")
+    home = d.home if router.endswith("group_affinity.yaml") or not v else 1 / engines
+    return EngineLimits(prompts=d.prompts, n=num("actor_rollout_ref.rollout.n", d.n),
+                        batch=num("data.train_batch_size", d.batch), engines=engines,
+                        kept=num(f"{SPEC_KEY}.suffix_decoding_max_cached_requests", d.kept), home=home)
 
 
 def _verdict(report: dict) -> str:

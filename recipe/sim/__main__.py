@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "a corpus drafter)")
     spec.add_argument("--spec-draft-s-per-new-token", type=float, default=ds.draft_s_per_new_token,
                       help="CPU seconds per emitted token of a drafting sequence (a corpus drafter such as "
-                           "ROLLOUT_SPECULATIVE=group: bench/group_drafter.py measures it)")
+                           "ROLLOUT_SPECULATIVE=group: ~1e-6, bench/group_drafter_cost.py measures it)")
     spec.add_argument("--spec-k", type=int, default=ds.k, help="draft tokens per verify step")
     spec.add_argument("--spec-rho", type=float, default=ds.rho,
                       help="share of a sequence's draft tokens that touch new experts (Cohere: ~0.6)")
@@ -152,10 +152,15 @@ def spec_cost(args) -> SpecCost:
             except (OSError, json.JSONDecodeError) as exc:
                 raise ValueError(f"--acceptance-curve {args.acceptance_curve}: {exc}") from None
             curve = AcceptanceCurve.from_report(report, args.drafter, source=f"{args.acceptance_curve}: {args.drafter}")
+        # a measured model-free drafter drafts 0..K tokens per request (vLLM's FULL graphs do not apply); one that
+        # reads the group or its history needs group affinity
+        sources = set((args.drafter or "").split(":")[1].split("+")) if (args.drafter or "").startswith("suffix:") \
+            else set()
         return SpecCost.for_gpu(args.gpu, tau=args.acceptance_length, k=args.spec_k, rho=args.spec_rho,
                                 t0=args.spec_t0, sync_penalty=args.spec_sync_penalty,
                                 draft_s_per_token=args.spec_draft_s_per_context_token,
-                                draft_s_per_new_token=args.spec_draft_s_per_new_token, curve=curve)
+                                draft_s_per_new_token=args.spec_draft_s_per_new_token, curve=curve,
+                                ragged_drafts=curve is not None, group_affinity=bool(sources & {"group", "history"}))
     except ValueError as exc:
         raise SystemExit(f"speculation: {exc}") from None
 

@@ -15,7 +15,7 @@ step, which drafts nothing (vLLM proposes after a token is sampled): it counts a
 
 Drafters (``Drafter.parse``; ``k`` the most tokens proposed per step):
 
-- ``ngram[:k=4:min=1:max=3]``: vLLM 0.28's ``NgramProposer`` exactly (``vllm/v1/spec_decode/ngram_proposer.py``):
+- ``ngram[:k=4:min=1:max=3]``: vLLM's ``NgramProposer`` exactly (0.24's and 0.28's alike) (``vllm/v1/spec_decode/ngram_proposer.py``):
   over the request's own context (prompt + response so far), the longest n in [min, max] whose last n tokens occur
   earlier, at their *earliest* occurrence; it proposes the up to k tokens that followed it, cut at the context's end.
   The default is the recipe's shipped setting (``SHIPPED_NGRAM``: ``ROLLOUT_SPECULATIVE_TOKENS`` and
@@ -55,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from ..token_record import step_files
+from .corpus_limits import EngineLimits, engine_line
 
 SOURCES = ("own", "group", "history")
 SHIPPED_NGRAM = {"k": 4, "min": 1, "max": 3}  # recipe/preflight/knobs.py's ROLLOUT_SPECULATIVE_* defaults
@@ -509,6 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--buckets", default=",".join(map(str, BUCKETS)), help="step start positions, ascending from 0")
     ap.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples over groups")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    lim = EngineLimits()
+    ap.add_argument("--engine", nargs=5, type=int, metavar=("PROMPTS", "N", "BATCH", "ENGINES", "KEPT"),
+                    default=[lim.prompts, lim.n, lim.batch, lim.engines, lim.kept],
+                    help="the run's scale for the group drafter's figure under the engine's limits "
+                         "(recipe/sim/corpus_limits.py; default: the users' scale)")
     args = ap.parse_args(argv)
     try:
         drafters = [Drafter.parse(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
@@ -520,7 +526,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"python -m recipe.sim.acceptance: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(report) if args.json else markdown(report))
+    limits = EngineLimits(*args.engine)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(markdown(report))
+        line = engine_line(report, limits)
+        if line:
+            print(f"\n{line}")
     return 0
 
 

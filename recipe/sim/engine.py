@@ -74,7 +74,7 @@ MODEL_KV_HEADS = 4
 KV_BYTES_PER_TOKEN = 48 * 2 * MODEL_KV_HEADS * 128 * 2  # layers x (K, V) x KV heads x head_dim x bf16 = 96 KiB
 NON_KV_OVERHEAD_BYTES = 2 * GIB  # per GPU: activation peak of vLLM's profiling run, CUDA graphs, NCCL (estimate)
 GPU_MEMORY_UTILIZATION = 0.6  # scripts/train_grpo.sh ROLLOUT_GPU_MEMORY_UTILIZATION
-PLACEMENTS = ("least_inflight", "predicted_tokens")
+PLACEMENTS = ("least_inflight", "predicted_tokens", "group")
 
 
 def kv_tokens_per_replica(gpu: str = "h100", *, tp: int = 4,
@@ -141,6 +141,21 @@ def assign_by_predicted(predicted, replicas: int, rng: np.random.Generator) -> n
         out[i] = k
         load[k] += x
     return out
+
+
+def assign_groups(groups, replicas: int, rng: np.random.Generator) -> np.ndarray:
+    """Replica of each request in submission order under group affinity (``recipe/adapter/router.py``): a group's
+    first request to the least in-flight replica (random ties), its siblings after it."""
+    groups = np.asarray(groups)
+    first, inverse, sizes = np.unique(groups, return_index=True, return_inverse=True, return_counts=True)[1:]
+    load = np.zeros(replicas)
+    tie = rng.random((len(first), replicas))
+    where = np.empty(len(first), np.int64)
+    for g in np.argsort(first, kind="stable"):  # groups in the order their first request arrives
+        k = int(np.lexsort((tie[g], load))[0])
+        where[g] = k
+        load[k] += sizes[g]
+    return where[inverse.ravel()]
 
 
 def fifo_starts(lengths: np.ndarray, slots: int) -> np.ndarray:
@@ -350,17 +365,22 @@ class StepTiming:
 
 
 def simulate_step(lengths, p: EngineParams, rng: np.random.Generator, context0=None, priority=None,
-                  predicted=None, placement: str = "least_inflight", speculation=None) -> StepTiming:
+                  predicted=None, placement: str = "least_inflight", speculation=None, groups=None) -> StepTiming:
     """Time one step whose requests (in submission order) generate ``lengths`` tokens each, starting from
     ``context0`` tokens of context (default: the prompt). ``priority`` (lower first, vLLM's convention) switches
     the replicas to priority scheduling; ``placement="predicted_tokens"`` routes by ``predicted`` outstanding
-    tokens instead of verl's least in-flight count. ``speculation`` (``recipe.sim.speculation.Speculation``): draft
+    tokens instead of verl's least in-flight count, ``placement="group"`` whole ``groups`` (group affinity).
+    ``speculation`` (``recipe.sim.speculation.Speculation``): draft
     and verify by its schedule, each segment's decode time scaled by its factor."""
     lengths = np.asarray(lengths, dtype=np.int64).ravel()
     ctx = np.full(len(lengths), p.prompt_len) if context0 is None else np.asarray(context0).ravel()
     prio = None if priority is None else np.asarray(priority, dtype=np.float64).ravel()
     if placement == "least_inflight":
         replica = assign_replicas(len(lengths), p.replicas, rng)
+    elif placement == "group":
+        if groups is None:
+            raise ValueError("placement 'group' needs the group of every request")
+        replica = assign_groups(np.asarray(groups).ravel(), p.replicas, rng)
     elif placement == "predicted_tokens":
         if predicted is None:
             raise ValueError("placement 'predicted_tokens' needs the predicted tokens of every request")

@@ -149,9 +149,14 @@ class ModelExecutor:
         priority = None if plan.priority is None else np.repeat(plan.priority, n).reshape(todo.shape)[live]
         outstanding = np.maximum(plan.expected[:, None] - launch.have, 1.0)[live]  # predicted tokens still to go
         spec = self.speculation(policy)
+        placement, groups = policy.spec.placement, None
+        if spec is not None and self.spec_cost.group_affinity:  # the group drafter's router: whole groups
+            placement = "group"
+        if placement == "group":
+            groups = np.repeat(np.arange(todo.shape[0]), n).reshape(todo.shape)[live]
         timing = simulate_step(todo[live], self.engine, np.random.default_rng([self.seed, epoch, global_step]),
                                context0=self.engine.prompt_len + launch.have[live], priority=priority,
-                               predicted=outstanding, placement=policy.spec.placement, speculation=spec)
+                               predicted=outstanding, placement=placement, speculation=spec, groups=groups)
         finish = np.zeros(todo.shape)
         finish[live] = timing.finish_time
         kept, t_end = np.ones(len(plan.rows), bool), timing.time_s

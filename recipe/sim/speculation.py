@@ -155,6 +155,12 @@ class SpecCost:
     # bench/group_drafter.py) instead of a scan of the context
     draft_s_per_new_token: float = 0.0
     graph_penalty: float = GRAPH_PENALTY  # every step of a run with a batch-size schedule (tail mode)
+    # Drafts of 0..K tokens per request (a corpus or lookup drafter): vLLM's uniform-decode FULL graphs do not apply
+    # to a step whose requests verify different numbers of tokens, so graph_penalty is paid on every step
+    ragged_drafts: bool = False
+    # The group drafter routes whole GRPO groups to one replica (recipe/adapter/router.py): the executor places a
+    # speculating policy's requests by group, paying affinity's load imbalance (bench/group_affinity.py)
+    group_affinity: bool = False
     curve: AcceptanceCurve | None = None  # measured acceptance by position: replaces tau and k where given
     prompt_len: int = 256  # context minus this is the curve's position (EngineParams.prompt_len's default)
 
@@ -218,7 +224,7 @@ class Speculation:
         f = (self.cost.step_time(r, k, ctx) + draft_cpu) / (tau * plain)
         if self.max_batch is not None:
             f = np.where(r <= self.max_batch, f, 1.0)
-        every = 1.0 + c.sync_penalty + (c.graph_penalty if self.max_batch is not None else 0.0)
+        every = 1.0 + c.sync_penalty + (c.graph_penalty if self.max_batch is not None or c.ragged_drafts else 0.0)
         return np.asarray(f, dtype=np.float64) * every
 
     def min_factor(self) -> float:

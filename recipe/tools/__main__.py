@@ -1,5 +1,6 @@
 """``python -m recipe.tools check [BACKEND]``: the sandbox self-check and how its limits are enforced here (in total
-per run by a cgroup, or per process only); exit 1 and the fix when it fails;
+per run by a cgroup, one process under Landlock, per process only, or what a SandboxFusion server was probed to
+hold); exit 1 and the fix when it fails;
 ``python -m recipe.tools run FILE.py [BACKEND]``: run a program in the sandbox and print the tool's reply."""
 
 from __future__ import annotations

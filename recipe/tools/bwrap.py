@@ -2,8 +2,9 @@
 
 What holds each hostile program (each pinned by a test in tests/tools/test_bwrap_sandbox.py):
 
-- the filesystem: only ``/usr`` (and ``/lib*``, ``/bin``, ``/sbin`` as on the host), the interpreter's own prefix if it
-  lies elsewhere, and the program itself, all read-only; ``/proc`` of the sandbox's own pid namespace, a minimal
+- the filesystem: only ``/usr`` (and ``/lib*``, ``/bin``, ``/sbin`` as on the host, and Debian's ``/etc/alternatives``
+  symlinks), the interpreter's own tree if it lies elsewhere (as it reports it; a home directory is refused:
+  ``recipe/tools/interpreter.py``), and the program itself, all read-only; ``/proc`` of the sandbox's own pid namespace, a minimal
   ``/dev``; a size-capped tmpfs at ``/tmp`` (the scratch directory; the only other writable path is a size-capped
   ``/dev/shm`` for multiprocessing). No ``/etc``, no home, no checkout, no host ``/tmp``. bwrap's own root and its
   ``/dev`` are remounted read-only (else each is a writable tmpfs without a size cap).
@@ -16,8 +17,9 @@ What holds each hostile program (each pinned by a test in tests/tools/test_bwrap
   the group and ``exec``s bwrap. Where this process's cgroups cannot be delegated, a run refuses to start unless
   per-process limits are accepted by name (``SANDBOX_ALLOW_PER_PROCESS_LIMITS=1`` or the tool config's
   ``allow_per_process_limits: true``).
-- system calls: a seccomp filter compiled by libseccomp (``recipe/tools/seccomp.py``), loaded by bwrap's
-  ``--seccomp``, and ``--disable-userns``; a bwrap without either option (older than 0.8.0) is refused.
+- system calls: an allowlist (``recipe/tools/syscalls.py``; everything else ENOSYS) compiled by libseccomp
+  (``recipe/tools/seccomp.py``), loaded by bwrap's ``--seccomp``, and ``--disable-userns``; a bwrap without either
+  option (older than 0.8.0) is refused.
 - processes: ``--unshare-pid`` (when the program ends or the sandbox is killed, the kernel kills everything in the
   namespace, double-forked and ``setsid`` children included), ``--die-with-parent``, ``--new-session``, and
   RLIMIT_NPROC. The kernel never enforces RLIMIT_NPROC for host uid 0, not even inside a user namespace, so when
@@ -38,19 +40,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from recipe.tools.cgroup import HostCgroups, RunGroup, host_cgroups
+from recipe.tools.cgroup import DELEGATE_HINT, HostCgroups, RunGroup, host_cgroups
+from recipe.tools.interpreter import interpreter_tree
 from recipe.tools.limits import SandboxLimits
-from recipe.tools.result import ExecResult, Status, classify_exit, killed_detail, total_limit_detail
+from recipe.tools.result import ExecResult, Status, killed_detail
 from recipe.tools.seccomp import SeccompUnavailable, filter_fd
+from recipe.tools.supervise import supervise
 
 CODE_PATH = "/code/main.py"
+ALTERNATIVES = "/etc/alternatives"  # symlinks only: no secrets
 SCRATCH = "/tmp"
 NOBODY = 65534
 ALLOW_PER_PROCESS = "SANDBOX_ALLOW_PER_PROCESS_LIMITS"
@@ -61,7 +65,6 @@ _JOIN_CGROUP = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ 2>/dev/null > "$1" '
     '|| { echo "sandbox: cannot join the run\'s cgroup ($1)" >&2; exit 125; }; shift; n=$((n-1)); done; exec "$@"'
 )
-CPU_POLL_S = 0.1
 
 # Set the limits, then exec the program: runs as the sandbox's command, so the limits bind only the program.
 _LAUNCHER = (
@@ -70,7 +73,7 @@ _LAUNCHER = (
     "r.setrlimit(r.RLIMIT_CORE,(0,0))\n"
     "r.setrlimit(r.RLIMIT_CPU,(c,c+1))\n"
     "r.setrlimit(r.RLIMIT_AS,(a,a))\n"
-    "r.setrlimit(r.RLIMIT_NPROC,(n,n))\n"
+    "n<0 or r.setrlimit(r.RLIMIT_NPROC,(n,n))\n"
     "r.setrlimit(r.RLIMIT_FSIZE,(f,f))\n"
     "r.setrlimit(r.RLIMIT_NOFILE,(o,o))\n"
     "os.execv(sys.executable,[sys.executable,*sys.argv[6:]])\n"
@@ -91,6 +94,15 @@ SANDBOX_ENV = {
 }
 # The environment bwrap itself starts with (see the module docstring: the sandbox's pid 1 keeps it).
 BWRAP_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def nproc_per_user_namespace(release: str | None = None) -> bool:
+    """Whether RLIMIT_NPROC counts per user namespace (Linux 5.14+: ucounts), so each sandbox has its own budget."""
+    parts = (release or platform.release()).split("-")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (5, 14)
+    except (ValueError, IndexError):
+        return False
 
 
 def default_python() -> str:
@@ -129,15 +141,18 @@ class BubblewrapBackend:
                 args.append(["--symlink", os.readlink(top), top])
             elif os.path.isdir(top):
                 args.append(["--ro-bind", top, top])
-        # The interpreter's prefix (and a venv's own directory) when it is not under /usr.
-        prefixes = []
-        for exe in (os.path.abspath(self.python), os.path.realpath(self.python)):
-            prefix = str(Path(exe).parent.parent)
-            if not prefix.startswith("/usr") and prefix != "/" and prefix not in prefixes:
-                prefixes.append(prefix)
-        for p in [*prefixes, *self.extra_ro_binds]:
+        if os.path.isdir(ALTERNATIVES):  # Debian's symlinks from /usr (numpy's libblas.so.3 goes through them)
+            args.append(["--ro-bind", ALTERNATIVES, ALTERNATIVES])
+        # The interpreter's own tree (a venv and its base) when it is not under /usr, as the interpreter reports it.
+        tree = interpreter_tree(self.python)
+        for p in [*(tree if isinstance(tree, tuple) else ()), *self.extra_ro_binds]:
             args.append(["--ro-bind", p, p])
         return args
+
+    def interpreter_problem(self) -> str | None:
+        """None when the interpreter's tree can be shown to the program, else the line saying why not."""
+        tree = interpreter_tree(self.python)
+        return tree if isinstance(tree, str) else None
 
     def limits_mode(self) -> tuple[HostCgroups | None, str | None]:
         """(the host's cgroups, None) for limits in total; (None, None) for accepted per-process limits; else
@@ -145,14 +160,21 @@ class BubblewrapBackend:
         host = host_cgroups()
         if isinstance(host, HostCgroups):
             return host, None
+        if self.allow_per_process_limits and not nproc_per_user_namespace():
+            return None, (
+                f"cgroups cannot be delegated here ({host}), and per-process limits cannot bound a sandbox's "
+                f"processes on this kernel ({platform.release()} < 5.14: RLIMIT_NPROC counts every process of the "
+                f"host uid, so sandboxes share one budget and a non-root trainer's own threads use it up): delegate "
+                f"cgroups (on cgroup v2 {DELEGATE_HINT}) or use SANDBOX_BACKEND=landlock"
+            )
         if self.allow_per_process_limits:
             return None, None
         return None, (
             f"cgroups cannot be delegated here ({host}), so the sandbox's memory, process and CPU limits would bind "
             f"each process alone (a program forking 8 children may use 8 times the memory limit): run the recipe "
-            f"where it may create cgroups under its own (root on cgroup v1, or a delegated cgroup v2 subtree, e.g. "
-            f"systemd-run --scope -p Delegate=yes), or accept per-process limits with {ALLOW_PER_PROCESS}=1 "
-            f"(or allow_per_process_limits: true in the tool config)"
+            f"where it may create cgroups under its own (root on cgroup v1; on cgroup v2 {DELEGATE_HINT}), or use "
+            f"SANDBOX_BACKEND=landlock (no namespaces or cgroups needed: one process per run), or accept "
+            f"per-process limits with {ALLOW_PER_PROCESS}=1 (or allow_per_process_limits: true in the tool config)"
         )
 
     def describe_limits(self) -> str:
@@ -202,7 +224,10 @@ class BubblewrapBackend:
             a += ["--setenv", k, v]
         cpu = max(1, int(lim.cpu_time_s))
         a += ["--", self.python, "-S", "-c", _LAUNCHER]
-        a += [str(cpu), str(lim.memory_bytes), str(lim.max_processes), str(lim.max_file_bytes)]
+        # Before Linux 5.14 RLIMIT_NPROC counts every process of the host uid (all sandboxes, a non-root trainer's
+        # threads): there the group's pids.max alone bounds the run (per-process limits are refused there).
+        nproc = lim.max_processes if nproc_per_user_namespace() else -1
+        a += [str(cpu), str(lim.memory_bytes), str(nproc), str(lim.max_file_bytes)]
         a += [str(lim.max_open_files), CODE_PATH]
         return a
 
@@ -242,6 +267,8 @@ class BubblewrapBackend:
             await asyncio.to_thread(lambda: (self._help(), self._version()))
         if (problem := self.version_problem()) is not None:
             return ExecResult(Status.SANDBOX_ERROR, detail=problem, backend=self.name)
+        if (problem := await asyncio.to_thread(self.interpreter_problem)) is not None:
+            return ExecResult(Status.SANDBOX_ERROR, detail=problem, backend=self.name)
         host, problem = self.limits_mode()
         if problem is not None:
             return ExecResult(Status.SANDBOX_ERROR, detail=problem, backend=self.name)
@@ -268,155 +295,36 @@ class BubblewrapBackend:
             )
         except OSError as e:
             if group is not None:
-                group.remove()
+                group.try_remove()  # nothing joined it yet
             what = "create the run's cgroup" if group is None and host is not None else "start bwrap"
             return ExecResult(Status.SANDBOX_ERROR, detail=f"cannot {what}: {e}", backend=self.name)
         except BaseException:  # cancelled while starting: no group left behind
-            if group is not None:
-                group.remove()
+            if group is not None and not group.try_remove():
+                _in_background(group.remove_async())
             raise
         finally:
             os.close(fd)
             os.close(seccomp_fd)
+        removal = None
         try:
-            return await _supervise(proc, lim, t0, stdin, self.name, group)
+            result = await supervise(proc, lim, t0, stdin, self.name, group)
         finally:
-            if group is not None:
-                group.remove()
+            # bwrap is reaped; the sandbox's init, reparented to the host's PID 1, may still be exiting for a few ms.
+            # The group is removed by a task of its own that never sleeps on this event loop; a cancelled run
+            # (an aborted group) returns at once and leaves it to finish.
+            if group is not None and not group.try_remove():
+                removal = _in_background(group.remove_async())
+        if removal is not None:
+            await asyncio.shield(removal)
+        return result
 
 
 _ANSWERS: dict[tuple[str, str], str] = {}  # (bwrap path, --help/--version): its answer
+_BACKGROUND: set[asyncio.Task] = set()  # groups still being removed (a strong reference until done)
 
 
-def kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL bwrap's process group (synchronous: safe in ``finally`` of a cancelled task)."""
-    if proc.returncode is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
-
-
-async def _supervise(proc, lim: SandboxLimits, t0: float, stdin: str | None, backend: str,
-                     group: RunGroup | None) -> ExecResult:
-    out, err = bytearray(), bytearray()
-    budget = [lim.max_output_bytes]  # one budget for both streams
-    overflow = asyncio.Event()
-    cpu_spent = asyncio.Event()
-
-    async def watch_cpu():
-        # The group's CPU time, summed over its processes (RLIMIT_CPU binds each one alone).
-        while group.cpu_s() < lim.cpu_time_s:
-            await asyncio.sleep(CPU_POLL_S)
-        cpu_spent.set()
-
-    async def pump(stream, buf: bytearray):
-        # Reads to EOF (so the pipe closes cleanly after a kill) but keeps only the budget's worth.
-        while True:
-            chunk = await stream.read(65536)
-            if not chunk:
-                return
-            take = chunk[: budget[0]]
-            buf += take
-            budget[0] -= len(take)
-            if len(take) < len(chunk):
-                overflow.set()
-
-    async def feed():
-        try:
-            proc.stdin.write(stdin.encode("utf-8", errors="replace"))
-            await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        finally:
-            proc.stdin.close()
-
-    tasks = [asyncio.ensure_future(pump(proc.stdout, out)), asyncio.ensure_future(pump(proc.stderr, err))]
-    if stdin is not None:
-        tasks.append(asyncio.ensure_future(feed()))
-    finished = asyncio.ensure_future(asyncio.gather(proc.wait(), *tasks[:2]))
-    finished.add_done_callback(_retrieve)
-    over = asyncio.ensure_future(overflow.wait())
-    limits_hit = {over: Status.OUTPUT_LIMIT}
-    if group is not None:
-        tasks.append(asyncio.ensure_future(watch_cpu()))
-        limits_hit[asyncio.ensure_future(cpu_spent.wait())] = Status.CPU_LIMIT
-    killed: Status | None = None
-    try:
-        done, _ = await asyncio.wait({finished, *limits_hit}, timeout=lim.wall_timeout_s,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if finished not in done:
-            killed = next((status for t, status in limits_hit.items() if t in done), Status.TIMEOUT)
-            kill_group(proc)
-            # The pipes close once the sandbox is gone: keep what was printed up to the kill.
-            await asyncio.wait({finished}, timeout=2)
-    finally:
-        # Reached on normal completion, on a limit, and when this task is cancelled: never leave the sandbox running.
-        kill_group(proc)
-        for t in limits_hit:
-            t.cancel()
-        for t in (*tasks, finished):
-            if not t.done():
-                t.cancel()
-        await _reap(proc)
-        transport = getattr(proc, "_transport", None)
-        if transport is not None and not finished.done():
-            transport.close()  # pipes still open after the grace period: close them here, not at GC
-    wall = time.monotonic() - t0
-    stdout = out.decode("utf-8", errors="replace")
-    stderr = err.decode("utf-8", errors="replace")
-    code = proc.returncode
-    if code is not None and code < 0:
-        code = 128 - code  # a signal that reached bwrap itself, shell convention
-    if killed is None and overflow.is_set():
-        killed = Status.OUTPUT_LIMIT  # it ended on its own, but its output was cut at the budget
-    if killed is not None:
-        detail = total_limit_detail(killed, lim) if killed == Status.CPU_LIMIT else killed_detail(killed, lim)
-        if killed == Status.TIMEOUT:
-            # A shell fork bomb retries forever: name the limit it hit, not only the timeout that ended it.
-            hit, hit_detail = classify_exit(1, stderr, lim)
-            if hit == Status.PROCESS_LIMIT:
-                killed, detail = hit, f"{hit_detail}; then {detail}"
-        status = killed
-    elif code not in (0, None) and stderr.startswith(("bwrap: ", "sandbox: ")):  # bwrap or the cgroup join failed
-        return ExecResult(Status.SANDBOX_ERROR, stdout, stderr, code, wall, stderr.strip().splitlines()[0], backend)
-    else:
-        status, detail = classify_exit(code, stderr, lim)
-    if group is not None:
-        usage = group.usage()
-        status, detail = name_by_group(status, detail, usage, lim)
-        extra = {"memory_peak_bytes": usage.memory_peak_bytes, "cpu_s": round(usage.cpu_s, 3)}
-        return ExecResult(status, stdout, stderr, code, wall, detail, backend, extra)
-    return ExecResult(status, stdout, stderr, code, wall, detail, backend)
-
-
-def name_by_group(status: Status, detail: str, usage, lim: SandboxLimits) -> tuple[Status, str]:
-    """Rename an outcome from what the run's cgroup recorded: any OOM kill in the group is ``memory_limit`` (a
-    killed child leaves a parent that may still exit 0 or wait until the timeout); ``pids.max`` reached by a program
-    that then failed is ``process_limit``. The sandbox's own CPU and output kills stand."""
-    if status in (Status.CPU_LIMIT, Status.OUTPUT_LIMIT, Status.SANDBOX_ERROR):
-        return status, detail
-    then = f"; then {detail}" if status == Status.TIMEOUT else ""
-    if usage.oom_kills > 0:
-        return Status.MEMORY_LIMIT, total_limit_detail(Status.MEMORY_LIMIT, lim) + then
-    if usage.pids_max_hits > 0 and status in (Status.ERROR, Status.KILLED, Status.TIMEOUT):
-        return Status.PROCESS_LIMIT, total_limit_detail(Status.PROCESS_LIMIT, lim) + then
-    return status, detail
-
-
-def _retrieve(fut: asyncio.Future) -> None:
-    if not fut.cancelled():
-        fut.exception()
-
-
-async def _reap(proc) -> None:
-    # After SIGKILL this is immediate. A second cancellation here propagates; the process is dead already and
-    # asyncio's child watcher still reaps it.
-    try:
-        await asyncio.wait_for(proc.wait(), timeout=10)
-    except asyncio.TimeoutError:
-        pass
+def _in_background(coro) -> asyncio.Task:
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    return task

@@ -364,7 +364,7 @@ def calculate(expression: str) -> str:
 
 
 # The OpenAI function schema of the calculator tool: what verl's ToolAgentLoop puts in the prompt's tools list
-# (recipe/tools/verl_tools.py) and what the tiny SFT model was trained with (recipe/testing/tiny_tasks.py).
+# (recipe/tools/verl_tools.py) and what the tiny SFT model was trained with (recipe/tiny/tasks.py).
 CALCULATOR_SCHEMA = {
     "type": "function",
     "function": {

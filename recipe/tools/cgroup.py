@@ -1,19 +1,26 @@
 """A cgroup of its own for each sandboxed run: memory, process count and CPU time summed over all its processes.
 
 RLIMIT_AS, RLIMIT_NPROC and RLIMIT_CPU bind one process each: a program forking 8 children of 900 MiB held 7 GiB
-under a "1 GiB" limit. Here each run gets a child cgroup of the one this process already runs in (read from
-``/proc/self/cgroup``; this process is never moved): ``memory`` (every page of every process, their tmpfs and
-``/dev/shm`` pages included; no swap), ``pids`` (processes and threads), ``cpu`` bandwidth, and CPU time read from
-``cpuacct.usage`` (v1) or ``cpu.stat`` (v2). cgroup v1's per-controller hierarchies where this process has them,
-else cgroup v2. Only the sandbox joins the group: a ``sh`` in front of bwrap writes its own pid into the group's
-``cgroup.procs`` and then ``exec``s bwrap, so every process of the sandbox is born inside it (no ``preexec_fn``).
+under a "1 GiB" limit. Here each run gets a child cgroup of the one this process runs in (read from
+``/proc/self/cgroup``): ``memory`` (every page of every process, their tmpfs and ``/dev/shm`` pages and inodes
+included; no swap), ``pids`` (processes and threads), ``cpu`` bandwidth, and CPU time read from ``cpuacct.usage``
+(v1) or ``cpu.stat`` (v2). cgroup v1's per-controller hierarchies where this process has them, else cgroup v2.
+Only the sandbox joins the group: a ``sh`` in front of bwrap writes its own pid into the group's ``cgroup.procs``
+and then ``exec``s bwrap, so every process of the sandbox is born inside it (no ``preexec_fn``).
 
-:func:`host_cgroups` says whether this works here, or why not (no write access, a missing controller, a v2
-cgroup with processes of its own): the caller then refuses to run unless per-process limits are accepted by name.
+cgroup v2's no-internal-process rule: a cgroup that holds processes cannot give its children controllers (EBUSY),
+and the recipe's cgroup holds at least the recipe (a ``systemd-run --scope``, a container's root). So on v2 the
+processes of this cgroup are moved, once, into a leaf below it (:data:`V2_LEAF`); then memory, pids and cpu are
+enabled for its children and each run's group is a sibling of that leaf. A process is never moved anywhere but
+into that leaf below the cgroup it started in, so every limit above still binds it.
+
+:func:`host_cgroups` says whether this works here, or why not (no write access, a missing controller, processes
+that cannot be moved): the caller then refuses to run unless per-process limits are accepted by name.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import functools
 import os
@@ -27,9 +34,17 @@ from recipe.tools.limits import SandboxLimits
 
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
+V2_LEAF = "recipe-procs"  # where this cgroup's own processes go on v2, so that its children may have controllers
+V2_MOVE_ROUNDS = 20  # processes started into the cgroup while its processes are moved: tries before giving up
 CFS_PERIOD_US = 100_000
+DELEGATE_HINT = ("give the recipe a cgroup v2 subtree of its own: systemd-run --user --scope -p Delegate=yes "
+                 "<command> (a user's), a container with its own cgroup namespace and a writable /sys/fs/cgroup "
+                 "(docker run --cgroupns=private, rootless or root), or on Kubernetes a pod whose container may "
+                 "write its cgroup (docs/tools.md)")
 # bwrap's own processes inside the group: the outer bwrap (it waits for the sandbox) and the pid namespace's init.
 BWRAP_OWN_PROCESSES = 2
+REMOVE_POLL_S = 0.005
+REMOVE_AT_SHUTDOWN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -38,11 +53,14 @@ class HostCgroups:
 
     version: str  # "v1" or "v2"
     dirs: tuple[tuple[str, str], ...]  # (controller, this process's cgroup directory); v2: one ("*", dir)
+    moved: int = 0  # v2: processes moved into the leaf V2_LEAF below the cgroup
 
     def describe(self) -> str:
         where = ", ".join(f"{c} {d}" if c != "*" else d for c, d in self.dirs)
         what = "memory, processes and CPU time summed over each run's processes"
-        return f"cgroup {self.version} ({what}; runs nested under {where})"
+        leaf = (f"; this cgroup's processes are in {self.dirs[0][1]}/{V2_LEAF}, the runs' groups beside it"
+                if self.version == "v2" else "")
+        return f"cgroup {self.version} ({what}; runs nested under {where}{leaf})"
 
 
 def _mounts(mountinfo: str) -> list[tuple[str, str, str, set[str]]]:
@@ -63,7 +81,8 @@ def _join(mount_root: str, mount_point: str, path: str) -> str | None:
     return os.path.normpath(os.path.join(mount_point, rel))
 
 
-def _locate(proc_cgroup: str, mountinfo: str) -> tuple[str, tuple[tuple[str, str], ...]] | str:
+def _locate(proc_cgroup: str, mountinfo: str, v2_controllers: tuple[str, ...] = V2_CONTROLLERS
+            ) -> tuple[str, tuple[tuple[str, str], ...]] | str:
     """The version and directories, or a line saying what is missing."""
     lines = [ln.split(":", 2) for ln in Path(proc_cgroup).read_text().splitlines() if ln.count(":") >= 2]
     mounts = _mounts(mountinfo)
@@ -82,23 +101,27 @@ def _locate(proc_cgroup: str, mountinfo: str) -> tuple[str, tuple[tuple[str, str
         return "v1", tuple((c, v1[c]) for c in V1_CONTROLLERS)
     unified = [path for hid, ctrls, path in lines if hid == "0" and ctrls == ""]
     for fstype, root, point, _ in mounts:
-        if fstype == "cgroup2" and unified and (d := _join(root, point, unified[0])):
+        if fstype == "cgroup2" and unified and (d := _join(root, point, unified[0])) and os.path.isdir(d):
             have = set(Path(d, "cgroup.controllers").read_text().split())
-            missing = [c for c in V2_CONTROLLERS if c not in have]
+            missing = [c for c in v2_controllers if c not in have]
             if missing:
                 return f"cgroup v2 at {d} is not given the {', '.join(missing)} controller(s)"
             return "v2", (("*", d),)
     return "no cgroup v1 memory/pids/cpu hierarchy and no cgroup v2 mount for this process"
 
 
-def _probe(version: str, dirs: tuple[tuple[str, str], ...]) -> str | None:
-    """Make and remove one child group in each directory; None when that works."""
+def _probe(version: str, dirs: tuple[tuple[str, str], ...], v2_controllers: tuple[str, ...] = V2_CONTROLLERS
+           ) -> str | int:
+    """Make and remove one child group in each directory: the processes moved into the v2 leaf (0 on v1) when that
+    works, else the line saying why not."""
     name = f"recipe-sandbox-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    moved = 0
     for _, d in dirs:
         if version == "v2":
-            problem = _enable_v2_controllers(d)
-            if problem:
-                return problem
+            found = delegate_v2(d, v2_controllers)
+            if isinstance(found, str):
+                return found
+            moved = found
         child = os.path.join(d, name)
         try:
             os.mkdir(child)
@@ -108,21 +131,59 @@ def _probe(version: str, dirs: tuple[tuple[str, str], ...]) -> str | None:
             os.rmdir(child)
         except OSError:
             pass
-    return None
+    return moved
 
 
-def _enable_v2_controllers(d: str) -> str | None:
+def _procs(d: str) -> list[int]:
+    try:
+        return [int(p) for p in Path(d, "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _enable_v2_controllers(d: str, controllers: tuple[str, ...] = V2_CONTROLLERS) -> OSError | None:
     have = set(Path(d, "cgroup.subtree_control").read_text().split())
-    want = [c for c in V2_CONTROLLERS if c not in have]
+    want = [c for c in controllers if c not in have]
     if not want:
         return None
     try:
         Path(d, "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in want))
     except OSError as e:
-        why = " (it holds processes of its own: cgroup v2 gives controllers only to groups without)" \
-            if e.errno == errno.EBUSY else ""
-        return f"cannot enable {', '.join(want)} for the children of {d}: {e.strerror}{why}"
+        return e
     return None
+
+
+def delegate_v2(d: str, controllers: tuple[str, ...] = V2_CONTROLLERS) -> int | str:
+    """Give the children of cgroup ``d`` the ``controllers``; where ``d`` holds processes (EBUSY: cgroup v2's
+    no-internal-process rule), first move them into the leaf ``d/V2_LEAF``. Returns how many processes were moved,
+    or the line saying why it cannot be done."""
+    e = _enable_v2_controllers(d, controllers)
+    if e is None:
+        return 0
+    if e.errno != errno.EBUSY:
+        return f"cannot enable {', '.join(controllers)} for the children of {d}: {e.strerror}"
+    leaf = os.path.join(d, V2_LEAF)
+    moved = 0
+    try:
+        os.makedirs(leaf, exist_ok=True)
+        for _ in range(V2_MOVE_ROUNDS):
+            left = _procs(d)
+            if not left:
+                break
+            for pid in left:
+                try:
+                    Path(leaf, "cgroup.procs").write_text(str(pid))
+                    moved += 1
+                except ProcessLookupError:
+                    pass  # it exited meanwhile
+    except OSError as e2:
+        return (f"cgroup v2 at {d} holds processes, so its children cannot have {', '.join(controllers)} (the "
+                f"no-internal-process rule), and they cannot be moved into {leaf}: {e2.strerror}: {DELEGATE_HINT}")
+    e = _enable_v2_controllers(d, controllers)
+    if e is not None:
+        return (f"cannot enable {', '.join(controllers)} for the children of {d} after moving its processes into "
+                f"{leaf}: {e.strerror} (still holding {_procs(d)[:5]}): {DELEGATE_HINT}")
+    return moved
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,10 +195,10 @@ def host_cgroups(proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc
         if isinstance(found, str):
             return found
         version, dirs = found
-        problem = _probe(version, dirs)
+        moved = _probe(version, dirs)
     except OSError as e:
         return f"cannot read this process's cgroups: {e}"
-    return problem or HostCgroups(version, dirs)
+    return moved if isinstance(moved, str) else HostCgroups(version, dirs, moved)
 
 
 @dataclass
@@ -211,6 +272,8 @@ class RunGroup:
             Path(m, "memory.limit_in_bytes").write_text(str(lim.memory_bytes))
             if os.path.exists(os.path.join(m, "memory.memsw.limit_in_bytes")):  # no swap either
                 Path(m, "memory.memsw.limit_in_bytes").write_text(str(lim.memory_bytes))
+            elif os.path.exists(os.path.join(m, "memory.swappiness")):  # no memsw (swapaccount=0): never swap out
+                Path(m, "memory.swappiness").write_text("0")
             Path(self._dir("pids"), "pids.max").write_text(pids)
             Path(self._dir("cpu"), "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
             Path(self._dir("cpu"), "cpu.cfs_quota_us").write_text(str(quota))
@@ -253,27 +316,55 @@ class RunGroup:
                 pass
         return pids
 
-    def remove(self, wait_s: float = 2.0) -> bool:
-        """SIGKILL whatever is left in the group, then remove it; False if it is still populated after ``wait_s``."""
+    def kill(self) -> None:
+        """SIGKILL whatever is left in the group (``cgroup.kill`` on v2, every pid listed on both)."""
+        left = self._pids()
         kill = os.path.join(self._dir("*"), "cgroup.kill") if self.version == "v2" else None
-        deadline = time.monotonic() + wait_s
-        while True:
-            left = self._pids()
-            if kill and left and os.path.exists(kill):
+        if kill and left and os.path.exists(kill):
+            try:
                 Path(kill).write_text("1")
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            removed = True
-            for d in dict.fromkeys(self.dirs.values()):
-                try:
-                    os.rmdir(d)
-                except FileNotFoundError:
-                    pass
-                except OSError:
-                    removed = False
-            if removed or time.monotonic() > deadline:
-                return removed
-            time.sleep(0.005)
+            except OSError:
+                pass
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def try_remove(self) -> bool:
+        """Kill what is left, then remove the group's directories; False while a killed process is still dying."""
+        self.kill()
+        removed = True
+        for d in dict.fromkeys(self.dirs.values()):
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                removed = False
+        return removed
+
+    def remove(self, wait_s: float = 2.0) -> bool:
+        """:meth:`try_remove` until it works; False if the group is still populated after ``wait_s``. Blocks: on
+        an event loop use :meth:`remove_async`."""
+        deadline = time.monotonic() + wait_s
+        while not self.try_remove():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(REMOVE_POLL_S)
+        return True
+
+    async def remove_async(self, wait_s: float = 30.0) -> bool:
+        """:meth:`remove` without blocking the event loop (a cancelled run's group, at a gate close, is one of
+        many). It may wait long: the sandbox's init, reparented to the host's PID 1, keeps the group populated until
+        PID 1 reaps it, which a busy PID 1 does late."""
+        deadline = time.monotonic() + wait_s
+        try:
+            while not self.try_remove():
+                if time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(REMOVE_POLL_S)
+        except asyncio.CancelledError:  # the event loop is shutting down: nothing else to run, so wait here
+            self.remove(wait_s=REMOVE_AT_SHUTDOWN_S)
+            raise
+        return True

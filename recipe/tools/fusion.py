@@ -74,15 +74,21 @@ class SandboxFusionBackend:
     retry_backoff_s: float = 0.5  # doubled after each refused attempt
     # Added to the run timeout for the HTTP call itself (queueing and start-up on the server).
     http_margin_s: float = 30.0
+    # Gaps of the server's isolation accepted by name (recipe/tools/fusion_probe.py: network, memory, processes).
+    accept: frozenset = frozenset()
     name: str = "sandbox_fusion"
+    probed: object = None  # the last fusion_probe.Probed, for describe_limits
 
     def describe_limits(self) -> str:
-        """One line for the self-check: which limits the server is sent, which the client enforces, which neither."""
+        """One line for the self-check: which limits the server is sent, which the client enforces, which neither,
+        and what the startup probe found the server to hold."""
         lim = self.limits
+        found = (f"; probed: {self.probed.describe()}" + (f"; accepted by name: {','.join(sorted(self.accept))}"
+                                                          if self.accept else "")) if self.probed else ""
         return (f"sent to the server: run_timeout {lim.wall_timeout_s:g} s, memory_limit_MB "
                 f"{_memory_mb(lim)} (RLIMIT_AS per process, on servers from 2025-06-17 on); read here: "
                 f"at most {answer_budget(lim)} bytes of answer, output cut at {lim.max_output_bytes} bytes; CPU time, "
-                "processes, file sizes, scratch space and the network: the server's own configuration")
+                f"processes, file sizes, scratch space and the network: the server's own configuration{found}")
 
     async def run(self, code: str, stdin: str | None = None) -> ExecResult:
         lim = self.limits

@@ -69,6 +69,7 @@ _NO_NETWORK = (
     "Temporary failure in name resolution",
     "[Errno -2] Name or service not known",
     "[Errno 99] Cannot assign requested address",
+    "[Errno 97] Address family not supported by protocol",  # the filter's answer to AF_VSOCK, AF_PACKET, ...
 )
 
 

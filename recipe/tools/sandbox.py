@@ -1,9 +1,11 @@
 """Choose a sandbox backend and check it before a run starts (pure dispatch; no verl).
 
-``SANDBOX_BACKEND`` = ``bubblewrap`` (default; local, Debian's ``bubblewrap``) or ``sandbox_fusion`` (the user's
-SandboxFusion server at ``SANDBOX_FUSION_URL``). ``sandbox_self_check`` runs ``print(1+1)`` through the backend and
-returns ``None`` or one line that names the fix; the preflight calls it before anything starts. For bubblewrap it
-first checks the bwrap version and whether each run can get a cgroup of its own (``limits_line`` says which).
+``SANDBOX_BACKEND`` = ``bubblewrap`` (default; local, Debian's ``bubblewrap``), ``landlock`` (local, no namespaces
+or cgroups: non-root Docker) or ``sandbox_fusion`` (the user's SandboxFusion server at ``SANDBOX_FUSION_URL``).
+``sandbox_self_check`` runs ``print(1+1)`` through the backend and returns ``None`` or one line that names the fix;
+the preflight calls it before anything starts. For bubblewrap it first checks the bwrap version and whether each
+run can get a cgroup of its own (``limits_line`` says which); for SandboxFusion it probes what the server enforces
+(``recipe/tools/fusion_probe.py``) and refuses an unisolated server unless its gaps are accepted by name.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ import shutil
 import threading
 
 from recipe.tools.bwrap import ALLOW_PER_PROCESS, BubblewrapBackend
+from recipe.tools.landlock_sandbox import LandlockBackend
 from recipe.tools.fusion import CLIENT_PIN, SERVER_HINT, SandboxFusionBackend
+from recipe.tools.fusion_probe import ACCEPT_ENV, parse_accept, probe, refusal
 from recipe.tools.limits import SandboxLimits
 from recipe.tools.result import Status
 from recipe.tools.seccomp import SeccompUnavailable, filter_bpf
 
-BACKENDS = ("bubblewrap", "sandbox_fusion")
+BACKENDS = ("bubblewrap", "landlock", "sandbox_fusion")
 _ALIASES = {"bwrap": "bubblewrap", "local": "bubblewrap", "fusion": "sandbox_fusion", "sandboxfusion": "sandbox_fusion"}
 DOCKER_FIX = (
-    "use SANDBOX_BACKEND=sandbox_fusion with SANDBOX_FUSION_URL (its server: "
-    "docker run -it -p 8080:8080 volcengine/sandbox-fusion:server-20250609)"
+    "use SANDBOX_BACKEND=landlock (no namespaces, cgroups or privilege needed; one process per run), or "
+    "SANDBOX_BACKEND=sandbox_fusion with SANDBOX_FUSION_URL (an isolated server: docs/tools.md)"
 )
 
 
@@ -38,7 +42,7 @@ def _flag(value, name: str) -> bool:
 
 def make_backend(name: str | None = None, config: dict | None = None, environ: dict | None = None):
     """A backend from the tool config (keys: backend, limits, sandbox_fusion_url, python, extra_ro_binds,
-    allow_per_process_limits, max_attempts); the config wins over the environment."""
+    allow_per_process_limits, max_attempts, accept_unenforced); the config wins over the environment."""
     config = dict(config or {})
     environ = os.environ if environ is None else environ
     name = (name or config.get("backend") or environ.get("SANDBOX_BACKEND") or "bubblewrap").strip().lower()
@@ -57,7 +61,19 @@ def make_backend(name: str | None = None, config: dict | None = None, environ: d
         return BubblewrapBackend(limits=limits, **kw)
     if name == "sandbox_fusion":
         url = config.get("sandbox_fusion_url") or environ.get("SANDBOX_FUSION_URL", "")
-        return SandboxFusionBackend(url=url, limits=limits, max_attempts=int(config.get("max_attempts", 2)))
+        if "accept_unenforced" in config:
+            accept = parse_accept(config["accept_unenforced"], "accept_unenforced in the tool config")
+        else:
+            accept = parse_accept(environ.get(ACCEPT_ENV, ""), ACCEPT_ENV)
+        return SandboxFusionBackend(url=url, limits=limits, max_attempts=int(config.get("max_attempts", 2)),
+                                    accept=accept)
+    if name == "landlock":
+        kw = {}
+        if config.get("python") or environ.get("SANDBOX_PYTHON"):
+            kw["python"] = config.get("python") or environ["SANDBOX_PYTHON"]
+        if config.get("extra_ro_binds"):
+            kw["extra_ro_paths"] = tuple(config["extra_ro_binds"])
+        return LandlockBackend(limits=limits, **kw)
     raise ValueError(f"unknown sandbox backend {name!r}: SANDBOX_BACKEND must be one of {', '.join(BACKENDS)}")
 
 
@@ -80,9 +96,12 @@ async def async_self_check(backend) -> str | None:
             filter_bpf()
         except SeccompUnavailable as e:
             return str(e)
-        problem = await asyncio.to_thread(backend.version_problem) or backend.limits_mode()[1]
+        problem = await asyncio.to_thread(backend.version_problem) or backend.limits_mode()[1] \
+            or await asyncio.to_thread(backend.interpreter_problem)
         if problem is not None:
             return problem
+    if isinstance(backend, LandlockBackend) and (problem := await asyncio.to_thread(backend.problem)) is not None:
+        return problem
     if isinstance(backend, SandboxFusionBackend):
         if not backend.url:
             return f"SANDBOX_BACKEND=sandbox_fusion needs SANDBOX_FUSION_URL: {SERVER_HINT}"
@@ -92,6 +111,9 @@ async def async_self_check(backend) -> str | None:
             return f"the SandboxFusion client is not installed: pip install {CLIENT_PIN}"
     r = await backend.run("print(1+1)")
     if r.ok and r.stdout.strip() == "2":
+        if isinstance(backend, SandboxFusionBackend):
+            backend.probed = await probe(backend)
+            return refusal(backend.url, backend.probed, backend.accept)
         return None
     what = f"{backend.name} sandbox self-check (print(1+1)) failed: {r.status.value}: {r.detail}"
     if r.stderr.strip() and r.stderr.strip().splitlines()[0] not in r.detail:

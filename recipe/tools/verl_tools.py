@@ -20,6 +20,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 
 from recipe.tools.calculator import CALCULATOR_SCHEMA, calculate
 from recipe.tools.fusion import SandboxFusionBackend
+from recipe.tools.landlock_sandbox import LandlockBackend
 from recipe.tools.limits import MiB
 from recipe.tools.result import format_for_model
 from recipe.tools.sandbox import make_backend
@@ -41,6 +42,14 @@ def describe_sandbox(backend) -> str:
             f"Run a Python 3 program on a SandboxFusion server and return what it prints. The program is stopped "
             f"after {lim.wall_timeout_s:g} s and its output is cut at {_size(lim.max_output_bytes)}; network, files "
             "and other limits are as the server is set up. Print the values you need."
+        )
+    if isinstance(backend, LandlockBackend):
+        return (
+            "Run a Python 3 program in a sandbox without network access and return what it prints. It runs as one "
+            "process with one thread (no threads, subprocesses or multiprocessing); its scratch directory is the "
+            f"current directory ({_size(lim.scratch_bytes)}); it gets at most {lim.wall_timeout_s:g} s "
+            f"({lim.cpu_time_s} s of CPU), {_size(lim.memory_bytes)} of memory and {_size(lim.max_output_bytes)} of "
+            "output. Print the values you need."
         )
     return (
         "Run a Python 3 program in a sandbox without network access and return what it prints. Its scratch "
@@ -104,7 +113,8 @@ class CalculatorTool(BaseTool):
 class PythonTool(BaseTool):
     """Python execution in a sandbox, for DAPO/ReTool-style data.
 
-    Config keys (all optional): ``backend`` (``bubblewrap`` | ``sandbox_fusion``; env ``SANDBOX_BACKEND``),
+    Config keys (all optional): ``backend`` (``bubblewrap`` | ``landlock`` | ``sandbox_fusion``; env
+    ``SANDBOX_BACKEND``),
     ``sandbox_fusion_url`` (env ``SANDBOX_FUSION_URL``), ``python`` (the interpreter inside bwrap; env
     ``SANDBOX_PYTHON``), ``limits`` (``recipe.tools.limits.SandboxLimits`` fields; env ``SANDBOX_<FIELD>``),
     ``max_concurrency`` (sandboxes at once in this process, default 8), ``max_reply_chars`` (default 4000).

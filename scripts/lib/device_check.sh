@@ -31,7 +31,7 @@ fetch_device_wheels() {
         die "could not download the device wheels (above); nothing was changed in $DEVICE_WHEELS"
     fi
     # the R3 replay step's inputs: routes vLLM CPU records here (the lent GPU has no vLLM), and the model they are of
-    if ! "$py" -m recipe.testing.record_routes "$tmp/r3"; then
+    if ! "$py" -m recipe.route_record "$tmp/r3"; then
         rm -rf "$tmp"
         die "could not record the routes for the R3 step (above); nothing was changed in $DEVICE_WHEELS"
     fi

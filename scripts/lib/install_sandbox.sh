@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install what the Python tool's local sandbox needs: Debian's bubblewrap (bwrap, >= 0.8.0: --disable-userns and
-# --seccomp) and libseccomp2 (the seccomp filter, through PyPI's pyseccomp). Idempotent; never fatal.
+# --seccomp), libseccomp2 (the seccomp filter, through PyPI's pyseccomp), and numpy and sympy for the sandbox's
+# interpreter (/usr/bin/python3: ReTool-style programs import them; the syscall allowlist's corpus runs them).
+# Idempotent; never fatal.
 # Called by scripts/test.sh before pytest. Without root or apt-get it says why and exits 0: the sandbox tests then
 # skip where bwrap is missing, unless CI=true or RECIPE_REQUIRE_SANDBOX=1 make that a failure (docs/tools.md); a
 # bwrap that is present but fails the self-check always fails them. Training can use SANDBOX_BACKEND=sandbox_fusion.
@@ -8,7 +10,8 @@ set -uo pipefail
 
 want="bubblewrap"
 [[ -e /usr/lib/x86_64-linux-gnu/libseccomp.so.2 || -e /usr/lib/aarch64-linux-gnu/libseccomp.so.2 ]] \
-    || ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || want="bubblewrap libseccomp2"
+    || ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || want="$want libseccomp2"
+/usr/bin/python3 -c 'import numpy, sympy' 2>/dev/null || want="$want python3-numpy python3-sympy"
 if command -v bwrap >/dev/null 2>&1 && [[ "$want" == "bubblewrap" ]]; then
     echo "[sandbox] bubblewrap present: $(bwrap --version 2>/dev/null || echo bwrap)" >&2
     help="$(bwrap --help 2>&1)"

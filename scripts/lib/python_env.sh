@@ -70,6 +70,6 @@ recipe_python() {
     else
         echo "python_env: no GPU and no python with verl: using the CPU test venv (preflight and DRY_RUN only)" >&2
         recipe_step bash "$root/scripts/bootstrap_venv.sh" || return 1
-        echo "$root/.venv/bin/python"
+        echo "${RECIPE_VENV:-$root/.venv}/bin/python"
     fi
 }

@@ -2,7 +2,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.testing.recipe_config import compose_recipe
+from recipe.route_record.config import compose_recipe
 
 
 @pytest.fixture

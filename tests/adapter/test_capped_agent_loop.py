@@ -1,7 +1,7 @@
 """The capped agent loop end to end on the real vLLM CPU engine.
 
 verl's Ray-managed vLLMHttpServer needs a GPU; ``EngineServerManager`` stands in for it (it mirrors the server's
-``max_tokens`` handling, see recipe/testing/vllm_engine.py). Everything else is real: the agent loop is
+``max_tokens`` handling, see recipe/route_record/engine.py). Everything else is real: the agent loop is
 instantiated from configs/agent_loops.yaml with hydra exactly as verl's AgentLoopWorker does, rows come from the
 recipe dataset, and generation runs on vLLM.
 """
@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from recipe.adapter.agent_loop import AGENT_LOOP_NAME, CappedSingleTurnAgentLoop
 from recipe.adapter.fields import CAP
-from recipe.testing.recipe_config import RESPONSE_LENGTH, build_agent_loop, compose_recipe
-from recipe.testing.vllm_engine import EngineServerManager
+from recipe.route_record.config import RESPONSE_LENGTH, build_agent_loop, compose_recipe
+from recipe.route_record.engine import EngineServerManager
 
 pytestmark = pytest.mark.engine
 

@@ -10,7 +10,7 @@ from verl.utils.dataset.rl_dataset import collate_fn
 
 from recipe.adapter.dataset import LengthAwareRLHFDataset
 from recipe.adapter.fields import ROW_ID
-from recipe.testing.tiny import build_math_parquet
+from recipe.tiny.artifacts import build_math_parquet
 
 
 @pytest.fixture(scope="module")

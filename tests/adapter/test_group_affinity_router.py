@@ -36,13 +36,15 @@ def test_groups_stay_together_and_spread_over_replicas():
         placed[g] = servers.pop()
     loads = balancer.get_status()["servers"]
     assert sorted(loads.values()) == [8, 8, 8, 8], "each group's first request went to the least-loaded replica"
-    assert balancer.get_status()["group_affinity"] == {"placed": 8, "followed": 24, "guarded": 0}
+    assert balancer.get_status()["group_affinity"] == {"placed": 8, "home": 0, "followed": 24, "guarded": 0}
     # the same trajectory again (a later turn): verl's sticky routing
     assert balancer.acquire_server("0_1", prompt_ids=prompts[0]+[5])[0] == placed[0]
     for g in range(8):
         for i in range(4):
             balancer.release_server(placed[g], request_id=f"{g}_{i}")
-    assert balancer.clear_sticky_cache()["cleared_entries"] == 32 and balancer.get_status()["groups"] == 0
+    assert balancer.clear_sticky_cache()["cleared_entries"] == 32
+    status = balancer.get_status()  # the homes outlive a weight update: the engines' corpora do
+    assert status["groups"] == 8 and status["groups_running"] == 0
 
 
 def test_load_guard_breaks_affinity():
@@ -52,6 +54,26 @@ def test_load_guard_breaks_affinity():
     # the group's replica may run 2 above the other: then siblings spill over, and the group follows the spill
     assert got[:2] == [first, first] and got[2] != first
     assert balancer.get_status()["group_affinity"]["guarded"] >= 1
+
+
+def test_a_prompts_next_group_goes_home_where_its_history_is():
+    """A group's later epochs return to the replica of its first group (its drafting history), even when another
+    replica is less loaded, within the guard; the guard moves a group without moving its home."""
+    balancer = lb(n_servers=2, max_excess=4)
+    home = balancer.acquire_server("e0_0", prompt_ids=[1, 2])[0]
+    other = next(s for s in balancer.get_all_servers() if s != home)
+    balancer.release_server(home, request_id="e0_0")
+    balancer._inflight_requests[home] += 2  # other groups' requests: home is no longer the least-loaded
+    assert balancer.acquire_server("e1_0", prompt_ids=[1, 2])[0] == home  # home, though not the least-loaded
+    assert balancer.get_status()["group_affinity"]["home"] == 1
+    balancer.release_server(home, request_id="e1_0")
+    balancer._inflight_requests[home] += 8  # past the guard
+    assert balancer.acquire_server("e2_0", prompt_ids=[1, 2])[0] == other  # guarded: the least-loaded
+    assert balancer.acquire_server("e2_1", prompt_ids=[1, 2])[0] == other  # the rest of the group follows it
+    balancer.release_server(other, request_id="e2_0")
+    balancer.release_server(other, request_id="e2_1")
+    balancer._inflight_requests[home] -= 8
+    assert balancer.acquire_server("e3_0", prompt_ids=[1, 2])[0] == home  # home did not move
 
 
 def test_group_key_is_the_prompt():
@@ -79,3 +101,33 @@ def test_the_knob_sets_verls_router_config_path():
     assert [o for o in on.overrides if o.startswith(key)] == [f"{key}'{GROUP_AFFINITY_ROUTER}'"]
     off = run_preflight(env={"PRESET": "cpu", "CPU_MODEL": "random"})
     assert off.ok and not [o for o in off.overrides if o.startswith(key)], "off by default"
+
+
+def test_a_request_naming_its_group_prompt_follows_its_group():
+    """A resumed sibling's continuation or a routes re-prefill sends the prompt then stored tokens: its id names the
+    prompt's length, so it is placed with its group, not as a group of its own."""
+    from recipe.adapter.router import group_prompt, group_request_id
+
+    balancer = lb()
+    prompt = [3, 1, 4]
+    home = balancer.acquire_server("g_0", prompt_ids=prompt)[0]
+    for i, stored in enumerate(([9], [9, 2], [5, 5, 5])):
+        rid = group_request_id(f"g_{i + 1}", len(prompt))
+        assert group_prompt(rid, prompt + stored) == prompt
+        assert balancer.acquire_server(rid, prompt_ids=prompt + stored)[0] == home
+    assert balancer.get_status()["group_affinity"] == {"placed": 1, "followed": 3, "guarded": 0, "home": 0}
+    balancer.acquire_server("unmarked", prompt_ids=prompt + [9])  # the whole prompt_ids: another group
+    assert balancer.get_status()["group_affinity"]["placed"] == 2
+    assert group_request_id(group_request_id("r", 3), 3) == group_request_id("r", 3)  # marked once
+    assert group_prompt("plain-id", prompt + [9]) == prompt + [9]
+
+
+def test_verl_hands_the_router_the_request_id_at_release():
+    """The balancer tracks a group's running requests through ``release_server(request_id=...)``: verl 0.9.1's
+    client passes the fields the router's ``require_release_fields`` asks for."""
+    from recipe.adapter.contract import check_source
+
+    check_source("verl.workers.rollout.llm_server:LLMServerClient._release_server",
+                 ["fields = {name: pool[name] for name in self._lb_require_release_fields if name in pool}"],
+                 "recipe/adapter/router.py require_release_fields / release_server")
+    assert lb().require_release_fields() == ["request_id"]

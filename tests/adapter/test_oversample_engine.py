@@ -5,7 +5,7 @@ and AgentLoopWorkerTQ (its plain class, running our agent loop registered from c
 and a vLLM engine generating and aborting. Stand-ins, because verl's versions need GPUs and Ray-managed servers:
 ``ForcedLengths`` for the vLLM HTTP server (forced lengths: ignore_eos), ``EngineReplicas`` for the
 CheckpointEngineManager (abort -> engine abort; sleep/wake/update are no-ops), and ``OneWorker`` which hands
-each batch to the one in-process worker instead of spreading it over Ray actors (recipe/testing/vllm_engine.py).
+each batch to the one in-process worker instead of spreading it over Ray actors (recipe/route_record/engine.py).
 
 The same protocol runs through verl's real vLLM server in tests/e2e/test_over_sample.py; this test stays because
 forced lengths make every race deterministic (which groups win, where each aborted one stops), so it can check at
@@ -20,8 +20,8 @@ import torch
 
 from recipe.adapter.columns import column_to_numpy
 from recipe.adapter.fields import CAP, ROW_ID
-from recipe.testing.recipe_config import compose_recipe
-from recipe.testing.vllm_engine import EngineReplicas, attach_engine
+from recipe.route_record.config import compose_recipe
+from harness.engine_doubles import EngineReplicas, attach_engine
 
 pytestmark = pytest.mark.engine
 

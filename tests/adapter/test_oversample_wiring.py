@@ -17,7 +17,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from recipe.adapter.columns import column_to_numpy
 from recipe.adapter.fields import CAP, PREDICTION, ROLLOUT_STEP, ROW_ID
 from recipe.adapter.partial import RESUME_AT
-from recipe.testing.recipe_config import ROLLOUT_N, TRAIN_BATCH, compose_recipe
+from recipe.route_record.config import ROLLOUT_N, TRAIN_BATCH, compose_recipe
 from recipe.traces import read_records
 
 RATIO = 0.5
@@ -313,3 +313,37 @@ def test_a_multi_turn_trajectory_that_records_where_to_resume_is_unfinished_even
     assert all(ref.complete == [False, True] for ref in refs.values())
     aborted = trainer.over_sample.last_aborted
     assert aborted.aborted.tolist() == [s == 0 for s in aborted.sample_index]
+
+
+def test_r3_the_kept_partial_records_hold_no_routes_across_the_step(tiny_artifacts, tmp_path, tq_cluster):
+    """Routing replay with ``continue``: the aborted groups' records wait in TransferQueue for their resume, but their
+    routes (768 B a token at Qwen3-30B-A3B scale) are never read again: the settle empties them; the trained
+    groups' routes are untouched."""
+    from recipe.adapter.routes import route_shape
+
+    trainer = over_sampled_trainer(tiny_artifacts, tmp_path / "run", tq_cluster, "recipe.over_sample.requeue=continue",
+                                   "actor_rollout_ref.rollout.enable_rollout_routing_replay=True")
+    shape = route_shape(str(tiny_artifacts.model_dir))
+    assert trainer.over_sample.route_shape == shape
+
+    class RoutedRollout(FakeRollout):  # records with routes, one row per prompt + response token (verl's as_dict)
+        def put_group(self, uid, row, n_tokens, fields):
+            routes = torch.ones((3 + n_tokens, *shape), dtype=torch.int16)
+            super().put_group(uid, row, n_tokens, {**fields, "routed_experts": routes})
+
+    rollout = RoutedRollout(tq_cluster)
+    trainer.agent_loop_manager, trainer.checkpoint_manager = rollout, FakeReplicas(rollout)
+    trainer.global_steps, trainer.timing_raw = 1, {}
+    trainer.prepare_step()
+    batch, _ = trainer.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=TRAIN_BATCH)
+    trainer.on_sample_end()
+
+    kept = [ref.key(s) for ref in trainer.over_sample.partials.values() for s in range(ROLLOUT_N)]
+    assert len(kept) == (math.ceil(TRAIN_BATCH * (1 + RATIO)) - TRAIN_BATCH) * ROLLOUT_N
+    held = tq_cluster.kv_batch_get(keys=kept, partition_id="train", select_fields=["routed_experts", "responses"])
+    assert [len(r) for r in held["routed_experts"].unbind()] == [0] * len(kept)
+    assert [len(r) for r in held["responses"].unbind()] == [3] * len(kept)  # what the resume reads is kept
+    trained = tq_cluster.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["routed_experts"])
+    assert all(len(r) > 3 for r in trained["routed_experts"].unbind())
+    tq_cluster.kv_clear(keys=batch.keys, partition_id="train")
+    trainer.on_step_end()

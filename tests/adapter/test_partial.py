@@ -57,7 +57,7 @@ def test_a_single_turn_response_resumes_after_its_stored_tokens(recipe_config, m
     """CappedSingleTurnAgentLoop: verl's loop sees one response, the stored tokens plus the continuation."""
     from transformers import AutoTokenizer
 
-    from recipe.testing.recipe_config import build_agent_loop
+    from recipe.route_record.config import build_agent_loop
 
     async def fetch(ref, session, turns=False):
         assert (ref.key(session), turns) == ("u_0_0", False)

@@ -20,8 +20,9 @@ import torch
 
 from recipe.adapter.columns import column_to_numpy
 from recipe.adapter.fields import CAP, ROW_ID
-from recipe.testing.recipe_config import compose_recipe
-from recipe.testing.vllm_engine import ForcedLengths, attach_engine
+from recipe.route_record.config import compose_recipe
+from recipe.route_record.engine import ForcedLengths
+from harness.engine_doubles import attach_engine
 
 pytestmark = pytest.mark.engine
 

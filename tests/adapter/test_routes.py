@@ -93,3 +93,140 @@ def test_a_server_returning_no_routes_at_all_is_an_error_not_a_masked_step(model
     aborted = output([4, 5, 6], [1, 1, 1])  # the prefill itself aborted: the step is closing, mask instead
     cover(aborted, Server(routes=False, stop="aborted"), model_dir)
     assert aborted.response_mask == [0, 0, 0]
+
+
+def test_the_uncovered_count_is_of_trained_tokens_not_of_the_tail(model_dir):
+    """A cut trajectory whose uncovered part holds a tool reply (mask 0) between trained tokens: only the trained
+    ones are counted as having left the loss."""
+    out = output([4, 5, 6, 7, 8, 9, 10], [1, 1, 0, 0, 0, 1, 1], routes_rows=4)  # covers the first 2 tokens
+    cover(out, Server(), model_dir, cut=True)
+    assert out.response_mask == [1, 1, 0, 0, 0, 0, 0] and out.extra_fields[UNROUTED] == 2
+
+
+def test_a_trajectory_that_trains_nothing_still_carries_a_routes_array(model_dir):
+    """Every row of a batch must carry the field (TransferQueue refuses a batch that mixes them): a response whose
+    tokens are all outside the loss gets a routes array of no rows, and no prefill."""
+    out, server = output([4, 5, 6], [0, 0, 0]), Server()
+    cover(out, server, model_dir)
+    assert server.calls == [] and out.routed_experts.shape == (0, LAYERS, TOP_K)
+    assert out.as_dict()["routed_experts"].shape == (6, LAYERS, TOP_K)
+
+
+# ------------------------------------------------ the single-turn loop with R3 (over-sample continue, the tail cut)
+
+class LoopServer:
+    """verl's server client for the loop: each call returns the next reply (token ids, stop reason) with a log-prob per
+    token and, like vLLM, a route row for every forwarded token (prompt + reply - 1; a prefill: its prompt), less the
+    last ``missing`` rows (None: no routes, as an abort before the first step returns); records each call's prompt,
+    params and keyword arguments."""
+
+    def __init__(self, replies=(), missing=0):
+        self.replies, self.calls, self.missing = list(replies), [], missing
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids),
+                           "sampling_params": dict(sampling_params), **kw})
+        ids, stop = self.replies.pop(0) if self.replies else ([9], "completed")
+        ids = ids[: sampling_params.get("max_tokens", len(ids))]
+        rows = max(0, len(prompt_ids) + len(ids) - 1 - (self.missing or 0))
+        routes = None if self.missing is None else np.ones((rows, LAYERS, TOP_K), dtype=np.uint8)
+        self.missing = 0  # a prefill after it returns whole routes
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason=stop, routed_experts=routes,
+                           extra_fields={"global_steps": 4, "min_global_steps": 4, "max_global_steps": 4})
+
+
+STORED = [5, 6, 7]
+
+
+def replay_loop_config(tiny_artifacts, tmp_path, *overrides):
+    from recipe.route_record.config import compose_recipe
+
+    return compose_recipe(tiny_artifacts, [f"trainer.default_local_dir={tmp_path}/run",
+                                           "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
+                                           *overrides])
+
+
+CONTINUE = ["recipe.over_sample.enable=1", "recipe.over_sample.requeue=continue"]
+
+
+def run_single_turn(cfg, server, monkeypatch, complete=None, priority=0):
+    """One run of the recipe's single-turn loop; ``complete`` (True/False) resumes session 0 of a stored group whose
+    response holds ``STORED``, None runs a fresh row."""
+    from transformers import AutoTokenizer
+
+    from recipe.adapter.fields import CAP, PARTIAL
+    from recipe.adapter.partial import PartialRef, StoredResponse
+    from recipe.route_record.config import build_agent_loop
+
+    async def fetch(ref, session, turns=False):
+        return StoredResponse(tokens=list(STORED), logprobs=[-0.25] * len(STORED))
+
+    monkeypatch.setattr("recipe.adapter.agent_loop.fetch_partial", fetch)
+    fields = {CAP: 20}
+    if complete is not None:
+        fields[PARTIAL] = PartialRef(key_prefix="u", partition_id="train", complete=[complete], min_version=2,
+                                     resumes=1, has_logprobs=True).to_json()
+    tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
+
+    async def go():
+        loop = build_agent_loop(cfg, server, tokenizer)
+        return await loop.run({"logprobs": True, "temperature": 1.0}, raw_prompt=[{"role": "user", "content": "hi"}],
+                              session_id=0, priority=priority, **fields)
+
+    return asyncio.run(go())
+
+
+def test_a_finished_session_whose_stale_tokens_are_masked_costs_no_prefill(tiny_artifacts, tmp_path, monkeypatch):
+    """``mask_stale_tokens``: a finished session handed back from the store trains nothing, so its routes are not
+    re-prefilled (up to a whole response of prefill for nothing); it still carries the routes field."""
+    cfg = replay_loop_config(tiny_artifacts, tmp_path, *CONTINUE, "recipe.over_sample.mask_stale_tokens=true")
+    server = LoopServer()
+    out = run_single_turn(cfg, server, monkeypatch, complete=True)
+    assert out.response_ids == STORED and out.response_mask == [0, 0, 0]
+    assert server.calls == []
+    assert out.routed_experts is not None and out.as_dict()["routed_experts"].shape[0] == len(out.prompt_ids) + 3
+
+
+def test_a_response_cut_by_over_sampling_keeps_its_mask_and_holds_no_routes(tiny_artifacts, tmp_path, monkeypatch):
+    """Over-sampling's abort cut it: its group lost the race and is not trained this step. Its mask stays whole (a
+    resume restores it) and no routes wait in TransferQueue with it (the resume routes it anew)."""
+    cfg = replay_loop_config(tiny_artifacts, tmp_path, *CONTINUE)
+    out = run_single_turn(cfg, LoopServer([([], "aborted")], missing=None), monkeypatch, complete=False)
+    assert out.response_ids == STORED and out.response_mask == [1, 1, 1]
+    assert out.routed_experts is None and UNROUTED not in out.extra_fields
+
+
+def test_a_response_cut_by_the_tail_cut_is_trained_with_its_unrouted_tokens_masked(tiny_artifacts, tmp_path,
+                                                                                   monkeypatch):
+    """The tail cut trains what it cuts: tokens past the routes vLLM returned leave the loss, and are counted."""
+    cfg = replay_loop_config(tiny_artifacts, tmp_path, "recipe.tail_cut.enable=1")
+    # the abort came before the last tokens' routes were recorded
+    out = run_single_turn(cfg, LoopServer([([4, 5, 6, 7], "aborted")], missing=2), monkeypatch)
+    assert out.response_mask == [1, 1, 0, 0] and out.extra_fields[UNROUTED] == 2
+    assert out.routed_experts is not None
+
+
+def test_a_re_prefill_queues_at_the_rows_priority_under_its_request_id(tiny_artifacts, tmp_path, monkeypatch):
+    """A finished session's routes under ``ROLLOUT_SCHEDULING_POLICY=priority``: the prefill carries the row's
+    priority (a resumed group's runs first) and the trajectory's request id (verl's, ``det-<priority>`` under
+    ``full_determinism``), marked with its group's prompt for the group-affinity router."""
+    from recipe.adapter.router import group_prompt, group_request_id
+
+    cfg = replay_loop_config(tiny_artifacts, tmp_path, *CONTINUE, "actor_rollout_ref.rollout.full_determinism=True")
+    server = LoopServer()
+    out = run_single_turn(cfg, server, monkeypatch, complete=True, priority=-(2**30))
+    (call,) = server.calls
+    assert call["priority"] == -(2**30)
+    assert call["request_id"] == group_request_id(f"det-{-(2**30)}", len(out.prompt_ids))
+    assert group_prompt(call["request_id"], call["prompt_ids"]) == out.prompt_ids
+    assert call["prompt_ids"] == out.prompt_ids + STORED[:-1] and out.response_mask == [1, 1, 1]
+
+
+def test_a_re_prefill_aborted_by_over_sampling_leaves_the_session_as_it_was(tiny_artifacts, tmp_path, monkeypatch):
+    """A finished session's routes prefill is aborted: the step is closing on its group, which is not trained. Its
+    mask stays whole (a later resume hands it back again) and it holds no routes."""
+    cfg = replay_loop_config(tiny_artifacts, tmp_path, *CONTINUE)
+    server = LoopServer([([], "aborted")], missing=None)
+    out = run_single_turn(cfg, server, monkeypatch, complete=True)
+    assert len(server.calls) == 1 and server.calls[0]["sampling_params"]["max_tokens"] == 1  # the prefill
+    assert out.response_mask == [1, 1, 1] and out.routed_experts is None and UNROUTED not in out.extra_fields

@@ -1,7 +1,7 @@
 """Routing replay (R3) through the recipe's single-turn agent loop on the real vLLM CPU engine: every trained token
 of a capped, cut, resumed or handed-back response carries the experts the model routes it to, row for row.
 
-The responses are recorded by ``recipe.testing.route_paths`` (the session engine captures routes; the server stand-in
+The responses are recorded by ``recipe.route_record.paths`` (the session engine captures routes; the server stand-in
 returns them as verl's does with ``enable_rollout_routing_replay``) and compared with a transformers forward of the
 same model on prompt + response: the routes Megatron replays must be the model's routing of exactly these tokens.
 Megatron-Core replays the same paths in ``tests/megatron/test_router_replay.py``.
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.testing.route_paths import CAP_TOKENS, MULTI_TURN_PATHS, PATHS, model_routes
+from recipe.route_record.paths import CAP_TOKENS, MULTI_TURN_PATHS, PATHS, model_routes
 
 pytestmark = pytest.mark.engine
 

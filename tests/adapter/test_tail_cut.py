@@ -34,17 +34,22 @@ class Watch(TailCutMonitor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.polls, self.ended, self._cv = 0, False, threading.Condition()
+        self.polls, self.ended, self.cutting, self._cv = 0, False, False, threading.Condition()
 
     def start(self, *args, **kwargs):
-        self.ended = False
+        self.ended = self.cutting = False
         super().start(*args, **kwargs)
 
     def _finished(self, uids, partition_id):
         with self._cv:
-            self.polls += 1
-            self._cv.notify_all()
+            if not self.cutting:  # the read when the abort lands is not a poll of the watch
+                self.polls += 1
+                self._cv.notify_all()
         return super()._finished(uids, partition_id)
+
+    def _cut(self, *args):
+        self.cutting = True
+        super()._cut(*args)
 
     def _watch(self, *args):
         try:
@@ -95,7 +100,8 @@ def test_cuts_once_enough_responses_are_done_and_reports_which(tq_cluster, watch
     assert monitor.settled() and monitor.ended and replicas.calls == [("abort", True)]
     finish(tq_cluster, uids[4], [1, 2, 3])  # the aborted ones come back as shorter responses
     metrics = monitor.stop(launched_responses=len(uids) * N)
-    assert metrics == {"rollout/tail_cut/cut": 1.0, "rollout/tail_cut/cut_responses": 3.0}
+    assert metrics == {"rollout/tail_cut/cut": 1.0, "rollout/tail_cut/cut_responses": 3.0,
+                       "rollout/tail_cut/abort_failed": 0.0}
     assert monitor.done_at_cut == {f"{u}_{s}_0" for u in uids[:4] for s in range(N)} | {"u4_0_0"}
     monitor.resume(replicas)
     assert replicas.calls[-1] == ("resume",)
@@ -133,7 +139,8 @@ def test_a_step_that_finishes_on_its_own_is_not_cut(tq_cluster, watches):
                             fields=list_of_dict_to_tensordict([{"responses": torch.ones(3)}] * (2 * N)))
     assert monitor.settled() and monitor.ended and replicas.calls == []
     metrics = monitor.stop(launched_responses=2 * N)
-    assert metrics == {"rollout/tail_cut/cut": 0.0, "rollout/tail_cut/cut_responses": 0.0}
+    assert metrics == {"rollout/tail_cut/cut": 0.0, "rollout/tail_cut/cut_responses": 0.0,
+                       "rollout/tail_cut/abort_failed": 0.0}
     monitor.resume(replicas)
     assert replicas.calls == []
 
@@ -174,3 +181,101 @@ def test_with_a_rollout_gate_the_watched_step_is_required():
     monitor = TailCutMonitor(TailCut(0.5), rollout_n=N, abort=StepAbort(Gate([])))
     with pytest.raises(ValueError, match="step="):
         monitor.start(Replicas(), ["g"], level=1.0)
+
+
+class LandingReplicas(Replicas):
+    """Replicas whose abort takes a while to land: ``during`` runs inside it (records written meanwhile), then it
+    returns or raises ``fail``."""
+
+    def __init__(self, during=None, fail=None):
+        super().__init__()
+        self.during, self.fail = during, fail
+
+    def abort_replicas(self, reject_request=False):
+        super().abort_replicas(reject_request)
+        if self.during:
+            self.during()
+        if self.fail:
+            raise self.fail
+
+
+def test_done_at_cut_is_read_when_the_abort_lands(tq_cluster, watches):
+    """A response that ends on its own while the replicas' abort is in flight finished uncut: it is done, not
+    labelled cut (the snapshot from the cut's decision labelled it cut)."""
+    replicas = LandingReplicas(during=lambda: finish(tq_cluster, "g", [2]))
+    monitor = watches(TailCut(0.5))
+    monitor.start(replicas, ["g"], level=1.0)
+    finish(tq_cluster, "g", [0, 1])  # 2 of 4: cut
+    assert monitor.settled() and monitor.ended and replicas.calls == [("abort", True)]
+    assert monitor.done_at_cut == {"g_0_0", "g_1_0", "g_2_0"}
+    finish(tq_cluster, "g", [3])
+    assert monitor.stop(launched_responses=N)["rollout/tail_cut/cut_responses"] == 1.0
+
+
+def test_with_a_gate_done_at_cut_is_read_before_it_closes(tq_cluster, watches):
+    """With a rollout gate the cut lands when the gate closes: a trajectory recorded after that (one the gate ended
+    between turns) is cut, even though it is recorded before the replicas' abort returns."""
+    replicas = Replicas()
+
+    class EndingGate(Gate):
+        def close(self, step):
+            super().close(step)
+            finish(tq_cluster, "g", [2])  # ended by the gate at its next turn boundary
+
+    monitor = watches(TailCut(0.5))
+    monitor.abort = StepAbort(EndingGate(replicas.calls))
+    monitor.start(replicas, ["g"], level=1.0, step=7)
+    finish(tq_cluster, "g", [0, 1])
+    assert monitor.settled() and monitor.ended
+    assert monitor.done_at_cut == {"g_0_0", "g_1_0"}
+
+
+def test_an_abort_that_fails_after_the_gate_closed_says_the_step_is_cut(tq_cluster, watches, caplog):
+    """The gate closed, then vLLM's abort raised: the step's multi-turn trajectories still end at their next
+    boundary, so the step is cut (and says so), not "runs to the end"; resume re-opens what was closed."""
+    replicas = LandingReplicas(fail=RuntimeError("replica 1 unreachable"))
+    monitor = watches(TailCut(0.5))
+    monitor.abort = StepAbort(Gate(replicas.calls))
+    monitor.start(replicas, ["g"], level=1.0, step=3)
+    with caplog.at_level("ERROR", logger="recipe.adapter.tail_cut"):
+        finish(tq_cluster, "g", [0, 1])
+        assert monitor.settled() and monitor.ended
+    assert "after the rollout gate closed for step 3" in caplog.text and "trained as cut" in caplog.text
+    assert "runs to the end" not in caplog.text.split("turns generating")[0]
+    finish(tq_cluster, "g", [2, 3])
+    metrics = monitor.stop(launched_responses=N)
+    assert metrics == {"rollout/tail_cut/cut": 1.0, "rollout/tail_cut/cut_responses": 2.0,
+                       "rollout/tail_cut/abort_failed": 1.0}
+    monitor.resume(replicas)
+    assert replicas.calls[-2:] == [("resume",), ("gate", "open")]
+
+
+def test_a_gate_that_never_closed_cut_nothing(tq_cluster, watches, caplog):
+    replicas = Replicas()
+
+    class BrokenGate(Gate):
+        def close(self, step):
+            raise RuntimeError("gate actor gone")
+
+    monitor = watches(TailCut(0.5))
+    monitor.abort = StepAbort(BrokenGate(replicas.calls))
+    monitor.start(replicas, ["g"], level=1.0, step=3)
+    with caplog.at_level("ERROR", logger="recipe.adapter.tail_cut"):
+        finish(tq_cluster, "g", [0, 1])
+        assert monitor.settled() and monitor.ended
+    assert "nothing was cut, this step runs to the end" in caplog.text and replicas.calls == []
+    finish(tq_cluster, "g", [2, 3])
+    assert monitor.stop(launched_responses=N) == {"rollout/tail_cut/cut": 0.0, "rollout/tail_cut/cut_responses": 0.0,
+                                                  "rollout/tail_cut/abort_failed": 1.0}
+
+
+def test_a_failed_replica_abort_labels_the_unfinished_cut(tq_cluster, watches, caplog):
+    replicas = LandingReplicas(fail=RuntimeError("replica 1 unreachable"))
+    monitor = watches(TailCut(0.5))
+    monitor.start(replicas, ["g"], level=1.0)
+    with caplog.at_level("ERROR", logger="recipe.adapter.tail_cut"):
+        finish(tq_cluster, "g", [0, 1])
+        assert monitor.settled() and monitor.ended
+    assert "the others run to their end; all 2 unfinished are labelled cut" in caplog.text
+    finish(tq_cluster, "g", [2, 3])
+    assert monitor.stop(launched_responses=N)["rollout/tail_cut/cut_responses"] == 2.0

@@ -17,8 +17,8 @@ import torch
 
 from recipe.adapter.columns import column_to_numpy
 from recipe.adapter.fields import CAP, ROW_ID
-from recipe.testing.recipe_config import compose_recipe
-from recipe.testing.vllm_engine import EngineReplicas, attach_engine
+from recipe.route_record.config import compose_recipe
+from harness.engine_doubles import EngineReplicas, attach_engine
 
 pytestmark = pytest.mark.engine
 
@@ -65,7 +65,8 @@ def test_the_tail_cut_ends_a_step_and_trains_the_stragglers_truncated(vllm_engin
 
         calls = trainer.checkpoint_manager.calls
         assert calls[:2] == ["abort", "sleep"] and calls[-1] == "resume"
-        assert trainer.tail_cut.last_metrics == {"rollout/tail_cut/cut": 1.0, "rollout/tail_cut/cut_responses": 4.0}
+        assert trainer.tail_cut.last_metrics == {"rollout/tail_cut/cut": 1.0, "rollout/tail_cut/cut_responses": 4.0,
+                                                 "rollout/tail_cut/abort_failed": 0.0}
         assert vllm_engine.run(vllm_engine.wait_until_idle()) == {"frontend": 0, "running": 0, "waiting": 0}
         record = json.loads((tmp_path / "run" / "length_traces.jsonl").read_text().splitlines()[-1])
         assert len(set(record["rows"])) == B and len(record["rows"]) == B * N  # every group trained, none dropped

@@ -7,7 +7,8 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from recipe.adapter.fields import CAP, PREDICTION, ROW_ID
 from recipe.sim.acceptance import load_groups
-from recipe.testing.recipe_config import ROLLOUT_N, TRAIN_BATCH, make_trainer
+from recipe.route_record.config import ROLLOUT_N, TRAIN_BATCH
+from harness.trainers import make_trainer
 
 
 def prompt_of(row):

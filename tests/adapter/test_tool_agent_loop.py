@@ -5,7 +5,7 @@ The loop is built from configs/agent_loops.yaml with hydra and verl's tools from
 through verl's own ``load_all_tools``, as verl's AgentLoopWorker builds them; the tokenizer is the trained tiny
 model's (its chat template renders tools and tool replies). Only the server is scripted: each turn returns the tokens
 of a given text (or the given token ids). The slow-tool tests run a real bubblewrap process (skipped only where bwrap
-is absent and not required: ``recipe.testing.sandbox_check``) and check it is gone after the gate closes. The resume
+is absent and not required: ``harness.sandbox_check``) and check it is gone after the gate closes. The resume
 tests store a cut run's output as verl's worker puts it into TransferQueue and serve it to ``fetch_partial`` in place
 of TransferQueue's read.
 """
@@ -16,25 +16,27 @@ import time
 from pathlib import Path
 
 import hydra
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
 from recipe.adapter.fields import CAP, PARTIAL, ROLLOUT_STEP, SEED
-from recipe.adapter.partial import RESUME_AT, PartialRef
+from recipe.adapter.partial import RESUME_AT, STALE, PartialRef
 from recipe.adapter.rollout_gate import GateState, GateWatch
 from recipe.adapter.tool_agent_loop import GENERATE, TOOL_AGENT_LOOP_NAME, TOOLS, CappedToolAgentLoop
 from recipe.adapter.turns import TOOL_CALLS
 from recipe.core.seeds import turn_seed
-from recipe.testing import tiny_sft
-from recipe.testing import tiny_tasks as tasks
-from recipe.testing.proc_tree import named_below
-from recipe.testing.recipe_config import build_agent_loop, compose_recipe
+from recipe.tiny import sft as tiny_sft
+from recipe.tiny import tasks
+from harness.proc_tree import named_below
+from recipe.route_record.config import build_agent_loop, compose_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 CALC_CONFIG = REPO / "recipe" / "tools" / "configs" / "calculator.yaml"
 CALL = tasks.tool_call_text("12*7+3")
 ANSWER = "The answer is 87. #### 87"
 STEP = 7  # the training step the rows are launched for (rollout_step)
+R3_SHAPE = (2, 2)  # layers x top-k of the routes the scripted server returns with ``routes=True``
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +51,9 @@ def tokenizer(tokenizer_dir):
     return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
-def compose(tokenizer_dir, tmp_path, tool_config=CALC_CONFIG, response_length=64, extra=()):
+def compose(tokenizer_dir, tmp_path, tool_config=CALC_CONFIG, response_length=64, extra=(), model=None):
     class Paths:
-        model_dir = tokenizer_dir
+        model_dir = model or tokenizer_dir
         train_parquet = tiny_sft.build_calculator_parquet(tmp_path / "train.parquet", 4, 0, "train")
         test_parquet = tiny_sft.build_calculator_parquet(tmp_path / "test.parquet", 4, 0, "test")
 
@@ -69,21 +71,25 @@ class ScriptedServer:
     """verl's server client for one trajectory: turn i returns ``turns[i]`` (text or token ids, stop reason), with
     ``logprob`` per token and the policy ``version`` (as verl's client reports it); records each call."""
 
-    def __init__(self, tokenizer, turns, logprob=-0.5, version=0):
+    def __init__(self, tokenizer, turns, logprob=-0.5, version=0, routes=False):
         self.tokenizer, self.turns, self.calls = tokenizer, list(turns), []
-        self.logprob, self.version = logprob, version
+        self.logprob, self.version, self.routes = logprob, version, routes
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
-        self.calls.append({"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params), **kwargs})
-        text, stop = self.turns.pop(0)
+        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids),
+                           "sampling_params": dict(sampling_params), **kwargs})
+        # past the script: a routes re-prefill (R3), one token asked for
+        text, stop = self.turns.pop(0) if self.turns else ([0], "completed")
         ids = list(text) if isinstance(text, list) else self.tokenizer.encode(text, add_special_tokens=False)
         if stop == "completed" and text == ANSWER:
             ids.append(self.tokenizer.convert_tokens_to_ids(tasks.IM_END))
         ids = ids[: sampling_params.get("max_tokens", len(ids))]
         v = self.version
-        return TokenOutput(token_ids=ids, log_probs=[self.logprob] * len(ids), stop_reason=stop,
+        # with ``routes``, a route row for every forwarded token (vLLM's layout; the layers x top-k of R3_MODEL)
+        routes = np.ones((len(prompt_ids) + len(ids) - 1, *R3_SHAPE), np.uint8) if self.routes else None
+        return TokenOutput(token_ids=ids, log_probs=[self.logprob] * len(ids), stop_reason=stop, routed_experts=routes,
                            extra_fields={"global_steps": v, "min_global_steps": v, "max_global_steps": v})
 
 
@@ -194,8 +200,8 @@ def test_verls_tool_agent_loop_runs_the_tool_of_an_aborted_turn(tokenizer_dir, t
 
 @pytest.fixture()
 def slow_tool_config(tmp_path):
-    from recipe.testing.sandbox_check import require_sandbox
-    from recipe.testing.slow_tool import slow_tool_config
+    from harness.sandbox_check import require_sandbox
+    from harness.slow_tool import slow_tool_config
 
     require_sandbox("bubblewrap")
 
@@ -473,25 +479,25 @@ def stored(monkeypatch, out):
     return asked
 
 
-def resume_row(complete=False, cap=BUDGET):
+def resume_row(complete=False, cap=BUDGET, resumes=1, **fields):
     """The re-queued row (session 1 of group ``u``), as the driver launches it in a run that computes log-probs."""
-    ref = PartialRef(key_prefix="u", partition_id="train", complete=[False, complete], min_version=3, resumes=1,
-                     has_logprobs=True)
-    return row(**{CAP: cap, SEED: ROW_SEED, PARTIAL: ref.to_json()})
+    ref = PartialRef(key_prefix="u", partition_id="train", complete=[False, complete], min_version=3,
+                     resumes=resumes, has_logprobs=True)
+    return row(**{CAP: cap, SEED: ROW_SEED, PARTIAL: ref.to_json()}, **fields)
 
 
-def run_script(cfg, tokenizer, script, runs, version=4, logprob=-0.5, **fields):
-    """One trajectory on a fresh scripted server; returns (output, server)."""
-    server = ScriptedServer(tokenizer, script, logprob=logprob, version=version)
+def run_script(cfg, tokenizer, script, runs, version=4, logprob=-0.5, routes=False, **fields):
+    """One trajectory on a fresh scripted server (``routes``: it returns routes); returns (output, server)."""
+    server = ScriptedServer(tokenizer, script, logprob=logprob, version=version, routes=routes)
     out = run_loop(cfg, tokenizer, server, counted(load_tools(CALC_CONFIG), runs), {"temperature": 1.0,
                                                                                     "logprobs": True}, **fields)
     return out, server
 
 
-def cut_run(cfg, tokenizer, script):
+def cut_run(cfg, tokenizer, script, routes=False):
     """The aborted first attempt (policy version 3, log-probs -0.25): (output, tool executions)."""
     runs = []
-    out, _ = run_script(cfg, tokenizer, script, runs, version=3, logprob=-0.25,
+    out, _ = run_script(cfg, tokenizer, script, runs, version=3, logprob=-0.25, routes=routes,
                         **row(**{CAP: BUDGET, SEED: ROW_SEED}))
     return out, runs
 
@@ -717,7 +723,9 @@ def test_a_finished_session_is_returned_as_it_was(tokenizer_dir, tokenizer, tmp_
     assert server.calls == [] and runs == []
     assert (out.prompt_ids, out.response_ids, out.response_mask, out.response_logprobs, out.num_turns) == (
         first.prompt_ids, first.response_ids, first.response_mask, first.response_logprobs, first.num_turns)
-    assert out.extra_fields == {k: v for k, v in first.extra_fields.items() if k != RESUME_AT}
+    # every token is the stored attempt's: left out of rollout/mismatch/* (an older policy's log-probs)
+    assert out.extra_fields == {**{k: v for k, v in first.extra_fields.items() if k != RESUME_AT},
+                                STALE: len(first.response_ids)}
     assert out.metrics == first.metrics
 
 
@@ -778,3 +786,126 @@ def test_a_multimodal_model_is_refused_by_name(tokenizer_dir, tokenizer, tmp_pat
 
     with pytest.raises(ValueError, match="text-only.*OVER_SAMPLE_REQUEUE=restart"):
         asyncio.run(go())
+
+
+# ---------------------------------------------------------------- routing replay (R3) on the resume paths
+
+R3 = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
+
+
+@pytest.fixture()
+def r3_model_dir(tokenizer_dir, tmp_path):
+    """The tokenizer beside a config.json that sizes route rows (``R3_SHAPE``), as the model dir R3 reads."""
+    import shutil
+
+    out = tmp_path / "r3-model"
+    shutil.copytree(tokenizer_dir, out)
+    (out / "config.json").write_text(json.dumps({"num_hidden_layers": R3_SHAPE[0],
+                                                 "num_experts_per_tok": R3_SHAPE[1]}))
+    return out
+
+
+def assert_routes_every_row(out):
+    """What verl's worker puts into TransferQueue carries routes, one row per token (prompt + response)."""
+    assert out.routed_experts is not None
+    assert out.as_dict()["routed_experts"].shape == (len(out.prompt_ids) + len(out.response_ids), *R3_SHAPE)
+
+
+@pytest.mark.parametrize("how", ["finished", "budget spent"])
+def test_r3_a_resumed_trajectory_whose_stale_tokens_are_masked_still_carries_routes(
+        tokenizer_dir, tokenizer, tmp_path, monkeypatch, turn_ids, r3_model_dir, how):
+    """``mask_stale_tokens``: a session handed back as it finished, or one whose stored tokens fill this launch's
+    budget, trains nothing. No prefill is spent on it, and it still carries the routes field: a batch mixing rows
+    with and without it is refused (TransferQueue) or fails the update (Megatron: "micro_batch has no
+    routed_experts")."""
+    cfg = compose(tokenizer_dir, tmp_path, extra=[*CONTINUE, "recipe.over_sample.mask_stale_tokens=true", R3],
+                  model=r3_model_dir)
+    call, answer = turn_ids
+    first, _ = cut_run(cfg, tokenizer, [(call, "completed"), (answer[:4], "aborted")], routes=True)
+    stored(monkeypatch, first)
+
+    n = len(first.response_ids)
+    fields = resume_row(complete=True) if how == "finished" else resume_row(cap=n)
+    out, server = run_script(cfg, tokenizer, [], [], routes=True, **fields)
+
+    assert server.calls == [] and out.response_ids == first.response_ids and out.response_mask == [0] * n
+    assert_routes_every_row(out)
+
+
+def test_r3_a_resumed_trajectory_cut_again_before_its_first_request_keeps_its_earlier_turns(
+        tokenizer_dir, tokenizer, tmp_path, monkeypatch, turn_ids, r3_model_dir):
+    """``max_resumes`` 2: resumed once, the trajectory is cut again before it sends a request (the gate was closed),
+    so this launch has no routes for it. Its group lost the race: it is not trained now, and the mask stored for the
+    next resume is the one it had, so its earlier turns are trained when it finishes (not left at 0 for good)."""
+    cfg = compose(tokenizer_dir, tmp_path, extra=[*CONTINUE, "recipe.over_sample.max_resumes=2", R3],
+                  model=r3_model_dir)
+    call, answer = turn_ids
+    first, _ = cut_run(cfg, tokenizer, [(call, "completed"), (answer[:4], "aborted")], routes=True)
+    assert first.routed_experts is None  # cut by over-sampling: no routes held while it waits
+    stored(monkeypatch, first)
+
+    async def cut_at_once():
+        _, watch = await local_gate_watch(monkeypatch, closed_for=STEP)
+        server = ScriptedServer(tokenizer, [], routes=True)
+        out = await make_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG)).run(
+            {"temperature": 1.0, "logprobs": True}, **resume_row())
+        watch.stop()
+        return out, server
+
+    again, server = asyncio.run(cut_at_once())
+    monkeypatch.undo()
+    # cut at the boundary it resumed from (the cut turn's stored part is regenerated next time)
+    n = again.extra_fields[RESUME_AT]["tokens"]
+    assert server.calls == [] and again.response_ids == first.response_ids[:n]
+    assert again.response_mask == first.response_mask[:n] and again.response_mask[:len(call)] == [1] * len(call)
+    assert again.routed_experts is None and "unrouted_masked_tokens" not in again.extra_fields
+    stored(monkeypatch, again)
+
+    done, _ = run_script(cfg, tokenizer, [(answer, "completed")], [], routes=True, **resume_row(resumes=2))
+
+    reference = uncut(compose(tokenizer_dir, tmp_path, extra=CONTINUE), tokenizer, turn_ids)
+    assert done.response_ids == reference.response_ids and done.response_mask == reference.response_mask
+    assert "unrouted_masked_tokens" not in done.extra_fields
+    assert_routes_every_row(done)
+
+
+def test_r3_a_handed_back_session_whose_prefill_is_aborted_keeps_its_turns(
+        tokenizer_dir, tokenizer, tmp_path, monkeypatch, turn_ids, r3_model_dir):
+    """A finished session of a resumed group is handed back; over-sampling's abort lands on its routes prefill. Its
+    group is not trained this step: the stored mask stays (with ``max_resumes`` 2 it is handed back again, turns
+    and all) and no routes are held."""
+    cfg = compose(tokenizer_dir, tmp_path, extra=[*CONTINUE, "recipe.over_sample.max_resumes=2", R3],
+                  model=r3_model_dir)
+    first = uncut(compose(tokenizer_dir, tmp_path, extra=CONTINUE), tokenizer, turn_ids)
+    stored(monkeypatch, first)
+
+    out, server = run_script(cfg, tokenizer, [([], "aborted")], [], **resume_row(complete=True))
+
+    assert len(server.calls) == 1 and server.calls[0]["sampling_params"]["max_tokens"] == 1
+    assert out.response_mask == first.response_mask and 1 in out.response_mask
+    assert out.routed_experts is None and "unrouted_masked_tokens" not in out.extra_fields
+
+
+def test_r3_a_re_prefill_queues_at_the_rows_priority_under_the_trajectorys_request_id(
+        tokenizer_dir, tokenizer, tmp_path, monkeypatch, turn_ids, r3_model_dir):
+    """A trajectory resumed with its budget spent makes no request of its own: its routes are re-prefilled at the
+    row's priority (a resumed group's) under the trajectory's request id (verl's ``det-<priority>`` under
+    ``full_determinism``), marked with its group's prompt for the group-affinity router."""
+    from recipe.adapter.router import group_prompt, group_request_id
+
+    cfg = compose(tokenizer_dir, tmp_path, extra=[*CONTINUE, R3, "actor_rollout_ref.rollout.full_determinism=True"],
+                  model=r3_model_dir)
+    call, answer = turn_ids
+    first, _ = cut_run(cfg, tokenizer, [(call, "completed"), (answer[:4], "aborted")], routes=True)
+    stored(monkeypatch, first)
+    priority = -(2**30)
+
+    out, server = run_script(cfg, tokenizer, [], [], routes=True,
+                             **resume_row(cap=len(first.response_ids), priority=priority))
+
+    (prefill,) = server.calls
+    assert prefill["priority"] == priority and prefill["sampling_params"]["max_tokens"] == 1
+    assert prefill["request_id"] == group_request_id(f"det-{priority}", len(out.prompt_ids))
+    assert group_prompt(prefill["request_id"], prefill["prompt_ids"]) == out.prompt_ids
+    assert out.response_mask == first.response_mask
+    assert_routes_every_row(out)

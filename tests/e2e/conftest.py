@@ -5,7 +5,7 @@ vLLM CPU replica started by verl (``vLLMHttpServer``), TransferQueue, verl's rew
 (~3 min of start-up each), so each is a session fixture shared by the tests that read it. The runs the selected
 tests need all start in the background once collection ends, ``RECIPE_E2E_PARALLEL`` at a time (default:
 ``default_slots``, one on this machine), while the session's other tests run (the e2e tests themselves go last:
-tests/conftest.py); a fixture waits for its run (``recipe.testing.cpu_runs.RunPool``). Every run has a hard time
+tests/conftest.py); a fixture waits for its run (``harness.cpu_runs.RunPool``). Every run has a hard time
 limit, and whatever it started (Ray, vLLM, FSDP workers) is found by a marker in the processes' environment and
 killed when it ends, passes or not, and when the session ends: a hung run is a failed test, never a leak.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.testing.cpu_runs import REPO, Launcher, Run, RunPool, require_success
+from harness.cpu_runs import REPO, Launcher, Run, RunPool, require_success
 
 PARALLEL_ENV = "RECIPE_E2E_PARALLEL"
 
@@ -41,16 +41,17 @@ OVER_SAMPLE = {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25", "ROLLOUT_
                "ROLLOUT_MAX_NUM_BATCHED_TOKENS": "128", "TOTAL_EPOCHS": "2", **RANDOM_MODEL}
 OVER_SAMPLE_STEPS = 8
 
-# Speculative decoding in the control run (restart_without_sync_run): the recipe's group drafter (vLLM's custom_class
-# proposer over recipe/drafting: the request's context, its GRPO siblings, the prompt's earlier responses), matches of
-# up to 8 tokens, at every batch size (vLLM's own ngram runs through the engine tests, tests/spec). Lossless, so the
-# run's other claims hold as they would without it.
+# Speculative decoding and token records in both single-turn arms (lossless instruments: the A/B report sees no
+# difference but the arms' own switches): the recipe's group drafter (vLLM's custom_class proposer over recipe/drafting:
+# the request's context, its GRPO siblings, the prompt's earlier responses), matches of up to 8 tokens, at every batch
+# size (vLLM's own ngram runs through the engine tests, tests/spec), and every trained response's token ids.
 SPECULATIVE = {"ROLLOUT_SPECULATIVE": "group", "ROLLOUT_SPECULATIVE_MAX_BATCH": "0",
-               "ROLLOUT_SPECULATIVE_SUFFIX_DEPTH": "8", "ROLLOUT_SPECULATIVE_SUFFIX_CACHED": "1000"}
+               "ROLLOUT_SPECULATIVE_SUFFIX_DEPTH": "8", "ROLLOUT_SPECULATIVE_SUFFIX_CACHED": "1000",
+               "RECORD_TOKENS": "1"}
 
 
 # Multi-turn (MULTI_TURN=1: the trained tiny model on calculator problems through CappedToolAgentLoop). The calculator
-# answers after a sandboxed process has slept TOOL_LATENCY_S (recipe/testing/slow_tool.py), so a step's aborts find
+# answers after a sandboxed process has slept TOOL_LATENCY_S (tests/support/harness/slow_tool.py), so a step's aborts find
 # trajectories in a tool call as well as mid-turn; every call's start and end go to the run's tool_events.jsonl.
 TOOL_LATENCY_S = 1.5
 MULTI_TURN_STEPS = 8
@@ -62,7 +63,7 @@ SLOW_TOOL = {"slow_share": 1 / 16, "slow_latency_s": 6.0}
 
 def _multi_turn(name: str, extra: dict, args: tuple = (), slow: dict | None = None):
     def prepare(launcher: Launcher):
-        from recipe.testing.slow_tool import slow_tool_config
+        from harness.slow_tool import slow_tool_config
 
         tools = slow_tool_config(launcher.base / name, TOOL_LATENCY_S, **(slow or {}))
 
@@ -93,11 +94,12 @@ def _multi_turn_resume(launcher: Launcher) -> Run:
 
 
 def _resampler(launcher: Launcher) -> Run:
-    return launcher.run("resampler", {**CHECKPOINTS, **RANDOM_MODEL}, experiment="cpu-grpo-resampler")
+    return launcher.run("resampler", {**CHECKPOINTS, **RANDOM_MODEL, **SPECULATIVE, "RECIPE_CONSOLE": "quiet"},
+                        experiment="cpu-grpo-resampler-group")
 
 
 def _baseline(launcher: Launcher) -> Run:
-    return launcher.run("baseline", {"BASELINE_NO_RESAMPLE": "1", **CHECKPOINTS, **RANDOM_MODEL})
+    return launcher.run("baseline", {"BASELINE_NO_RESAMPLE": "1", **CHECKPOINTS, **RANDOM_MODEL, **SPECULATIVE})
 
 
 def _continue(launcher: Launcher) -> Run:
@@ -118,7 +120,7 @@ def _restart_without_sync(launcher: Launcher):
 
     env = {"PRESET": "cpu", "CKPT_ROOT": str(launcher.base / "restart-no-sync"), "EXPERIMENT_NAME": "restart-no-sync",
            "RECIPE_FIXTURE_CACHE": os.environ.get("RECIPE_FIXTURE_CACHE", ""), **OVER_SAMPLE,
-           "OVER_SAMPLE_REQUEUE": "restart", "RECORD_TOKENS": "1", **SPECULATIVE}
+           "OVER_SAMPLE_REQUEUE": "restart"}
     report = run_preflight(env=env)
     assert report.ok, report.errors
     cmd = [sys.executable, str(REPO / "tests" / "e2e" / "no_weight_sync_driver.py"), "--config-name", CONFIG_NAME,
@@ -155,10 +157,25 @@ def _build_trained_model(launcher: Launcher) -> subprocess.Popen:
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def pytest_collection_modifyitems(items):
+# The runs of the quick tier (``bash scripts/test.sh``): the main command on the single-turn preset (sampler, cap,
+# estimates, checkpoints, the group drafter through verl's loop, token records) and a multi-turn run that calls the
+# sandboxed tool and cuts its steps' tails. ``--tier=full`` (``.ci/run``) adds the rest: the fair baseline and the A/B
+# report, the weight-sync control with over-sample restart, over-sample continue single- and multi-turn, and the
+# multi-turn preset killed and relaunched.
+QUICK_RUNS = {"resampler_run", "multi_turn_tail_cut_run"}
+
+
+def pytest_collection_modifyitems(config, items):
+    quick = config.getoption("--tier") == "quick"
+    deselected = []
     for item in items:
         if Path(str(item.fspath)).parent == Path(__file__).parent:
             item.add_marker(pytest.mark.e2e)
+            if quick and not _runs_needed(item) <= QUICK_RUNS:
+                deselected.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item not in deselected]
 
 
 def _runs_needed(item) -> set[str]:
@@ -176,15 +193,24 @@ def default_slots() -> int:
 
 
 def pytest_collection_finish(session):
-    """Start, in the background, every run the selected tests need (nothing when no e2e test is selected)."""
+    """Start, in the background, every run the selected tests need (nothing when no e2e test is selected). Under
+    pytest-xdist every worker collects every test: the runs start in the worker that gets the e2e group, at its first
+    test (the group goes first there, tests/conftest.py)."""
     needed = set().union(*(_runs_needed(item) for item in session.items))
     if not needed or session.config.option.collectonly:
         return
     slots = os.environ.get(PARALLEL_ENV) or str(default_slots())
     if not slots.isdigit() or int(slots) < 1:
         raise pytest.UsageError(f"{PARALLEL_ENV}={slots!r}: set it to how many e2e runs may run at once (>= 1)")
-    launcher = Launcher(session.config._tmp_path_factory.mktemp("e2e"))  # tmp_path_factory (no fixtures in a hook)
-    pool = RunPool(launcher, int(slots))
+    if hasattr(session.config, "workerinput"):
+        _session["lazy"] = (session.config, needed, int(slots))
+    else:
+        _start_runs(session.config, needed, int(slots))
+
+
+def _start_runs(config, needed: set[str], slots: int) -> None:
+    launcher = Launcher(config._tmp_path_factory.mktemp("e2e"))  # tmp_path_factory (no fixtures in a hook)
+    pool = RunPool(launcher, slots)
     # a SIGTERM to pytest (a CI timeout) ends the session, and with it every run's processes
     _session.update(pool=pool, sigterm=signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM)))
     if needed & TRAINED_MODEL_JOBS:
@@ -206,6 +232,8 @@ def pytest_sessionfinish(session):
 
 
 def _result(name: str) -> Run:
+    if "pool" not in _session and "lazy" in _session:
+        _start_runs(*_session.pop("lazy"))
     if "pool" not in _session:
         raise RuntimeError(f"{name}: the e2e runs were not started (tests/e2e/conftest.py pytest_collection_finish)")
     return require_success(_session["pool"].result(name))
@@ -213,9 +241,13 @@ def _result(name: str) -> Run:
 
 @pytest.fixture(scope="session")
 def resampler_run() -> Run:
-    """The main command as a user runs it without a GPU (the CPU preset on its random model, with checkpoints), one
-    launch to the end. Resumption is ``multi_turn_resume_run``'s: one killed launch proves it for both presets (the
-    sampler, the checkpoint and verl's resume are the same code; each launch costs minutes of start-up)."""
+    """The main command without a GPU (the CPU preset on its random model, quiet console, checkpoints), one launch to
+    the end, with the recipe's group drafter through verl's loop and its acceptance metrics from vLLM's counters
+    (``SPECULATIVE``, tests/e2e/test_speculative.py) and every trained response's token ids recorded for the
+    acceptance estimator (``RECORD_TOKENS=1``): speculation is lossless, so the sampler's, the cap's and the
+    trainer's claims are unchanged. Resumption is ``multi_turn_resume_run``'s (full tier): one killed launch proves
+    it for both presets (the sampler, the checkpoint and verl's resume are the same code; each launch costs minutes
+    of start-up)."""
     return _result("resampler_run")
 
 
@@ -266,10 +298,7 @@ def multi_turn_tail_cut_run() -> Run:
 
 @pytest.fixture(scope="session")
 def restart_without_sync_run() -> Run:
-    """Three claims in one run (each launch costs minutes of start-up): over-sample ``restart`` on verl's real
-    server, the weight push to vLLM removed (tests/e2e/no_weight_sync_driver.py: the same composed config and
-    TaskRunner as the main command, the trainer without verl's update_weights), and speculative decoding
-    (``ROLLOUT_SPECULATIVE=group``, ``SPECULATIVE``) through verl's loop with the recipe's acceptance metrics from
-    vLLM's counters (tests/e2e/test_speculative.py), whose trained token ids it records (``RECORD_TOKENS=1``) for
-    the acceptance estimator. Speculation is lossless, so the first two claims are unchanged."""
+    """Two claims in one run (each launch costs minutes of start-up): over-sample ``restart`` on verl's real server,
+    and the weight push to vLLM removed (tests/e2e/no_weight_sync_driver.py: the same composed config and TaskRunner
+    as the main command, the trainer without verl's update_weights)."""
     return _result("restart_without_sync_run")

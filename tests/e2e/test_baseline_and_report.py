@@ -3,11 +3,11 @@ import subprocess
 
 from recipe.cpu.preset import N_TRAIN
 
-from recipe.testing.cpu_runs import REPO
+from harness.cpu_runs import REPO
 
 
 def test_fair_baseline_reads_verls_random_order_without_cap(baseline_run):
-    assert baseline_run.experiment == "cpu-grpo-baseline"
+    assert baseline_run.experiment == "cpu-grpo-baseline-group"
     traces, metrics = baseline_run.traces(), baseline_run.metrics()
     orders = {}
     for step, rec in traces.items():

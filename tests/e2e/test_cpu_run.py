@@ -17,18 +17,23 @@ STEPS = EPOCHS * N_TRAIN // BATCH
 
 def test_main_command_runs_the_cpu_preset_to_the_end(resampler_run):
     """The bare main command on a machine without a GPU (checkpoints on): the banner, the preflight, a progress line
-    per step, the run directory with its metrics log, console log, traces and offline wandb run."""
+    per step and where everything is, on a quiet console (Ray's, verl's and vLLM's lines go to the console log); the
+    run directory with its metrics log, console log, traces and offline wandb run."""
     run_dir, out = resampler_run.run_dir, resampler_run.output
     assert "running the CPU preset (PRESET=cpu)" in out and "preflight: OK" in out
-    assert resampler_run.experiment == "cpu-grpo-resampler"
+    assert len(out.splitlines()) < 150, f"{len(out.splitlines())} console lines"
+    (console,) = (run_dir / "logs").glob("console.*.log")
+    assert f"the run's full output goes to {console}" in out
+    assert "Training from scratch" in console.read_text() and "Training from scratch" not in out
+    assert resampler_run.experiment == "cpu-grpo-resampler-group"  # the run directory names the drafter
     assert len(list((run_dir / "logs").glob("metrics.*.jsonl"))) == 1
-    assert len(list((run_dir / "logs").glob("console.*.log"))) == 1
     assert (run_dir / "length_traces.jsonl").is_file()
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb runs offline into the run directory"
     progress = [line for line in out.splitlines() if "[recipe] step " in line]
     steps = {int(line.split("[recipe] step ")[1].split("/")[0]) for line in progress}
     assert steps == set(range(1, STEPS + 1)) and f"step {STEPS}/{STEPS}" in progress[-1]
-    assert f"finished with status 0; run dir {run_dir}" in out
+    assert out.rstrip().splitlines()[-1] == f"train_grpo.sh: finished with status 0; run dir {run_dir}"
+    assert f"  metrics  {run_dir}/logs/metrics." in out and f"  report   bash scripts/compare_runs.sh" in out
     assert sorted(resampler_run.metrics()) == list(range(1, STEPS + 1))
     assert sorted(int(p.name.split("_")[-1]) for p in run_dir.glob("global_step_*")) == [4, 8, 12, 16, 18]
 

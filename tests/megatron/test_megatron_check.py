@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from recipe.gpu_check import KL_MEAN_MAX
-from recipe.testing.megatron_site import run_with_megatron
+from harness.megatron_site import run_with_megatron
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 

@@ -6,6 +6,7 @@ import shutil
 import zlib
 
 import numpy as np
+import pytest
 
 from recipe.report import main
 from recipe.report.drafters import MAX_GROUPS, sample_groups
@@ -64,3 +65,20 @@ def test_sample_is_bounded_and_keeps_every_epoch_of_its_prompts(tmp_path):
     line = len(gzip.decompress((tmp_path / "step_000001.jsonl.gz").read_bytes()))
     by_bytes = sample_groups(tmp_path, max_groups=100, max_bytes=int(2.5 * line))
     assert [(g.prompt_id, g.epoch) for g in by_bytes] == [(smallest[0], 0), (smallest[0], 1)]
+
+
+def test_the_engine_limits_come_from_the_runs_config():
+    """n, batch, engines and the texts kept from the run's config; without the group-affinity router a group finds
+    its prompt's previous engine only by chance (1 / engines)."""
+    from types import SimpleNamespace
+
+    from recipe.report.drafters import SPEC_KEY, run_limits
+
+    values = {"actor_rollout_ref.rollout.n": 8, "data.train_batch_size": 64, "trainer.nnodes": 2,
+              "trainer.n_gpus_per_node": 8, "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+              f"{SPEC_KEY}.suffix_decoding_max_cached_requests": 5000,
+              "actor_rollout_ref.rollout.router_config_path": "/x/configs/router/group_affinity.yaml"}
+    lim = run_limits(SimpleNamespace(config=SimpleNamespace(values=values)))
+    assert (lim.n, lim.batch, lim.engines, lim.kept, lim.home) == (8, 64, 4, 5000, pytest.approx(0.957))
+    values.pop("actor_rollout_ref.rollout.router_config_path")
+    assert run_limits(SimpleNamespace(config=SimpleNamespace(values=values))).home == 0.25

@@ -41,7 +41,7 @@ def test_dry_run_prints_each_step_without_running_it(run_script, tiny_artifacts,
     assert steps["smoke-logs"][-3:] == [str(work / "runs" / "smoke-grpo-resampler"), "--steps", "2"]
     spec = steps["smoke-spec"]  # the smoke step again, speculating
     assert {"PRESET=smoke", f"DISTCP_PATH={distcp}", f"CKPT_ROOT={work / 'runs'}", "EXPERIMENT_NAME=smoke-grpo-spec",
-            "ROLLOUT_SPECULATIVE=ngram"} <= set(spec)
+            "ROLLOUT_SPECULATIVE=group"} <= set(spec)
     assert spec[-2:] == [str(REPO / "scripts" / "train_grpo.sh"), "trainer.total_training_steps=2"]
     assert steps["spec-logs"][-4:] == [str(work / "runs" / "smoke-grpo-spec"), "--steps", "2", "--spec"]
     assert not work.exists()  # nothing written
@@ -101,7 +101,7 @@ def test_runs_the_steps_and_prints_the_table(run_script, stand_in_python, tmp_pa
     main = (work / "smoke.log").read_text()
     assert "preflight: OK" in main and "MAIN " in main and "trainer.total_training_steps=2" in main
     spec = (work / "smoke-spec.log").read_text()  # the preflight composed the speculative config for the smoke preset
-    assert "preflight: OK" in spec and "speculative_config={method:ngram" in spec and "smoke-grpo-spec" in spec
+    assert "preflight: OK" in spec and "speculative_config={method:custom_class" in spec and "smoke-grpo-spec" in spec
     assert "| logits | FAIL |" in r.stdout and r.stdout.rstrip().endswith("gpu_check: FAIL")
 
 

@@ -255,3 +255,31 @@ def test_all_config_problems_are_reported_at_once(env_30b, tmp_path):
     error_with(report, "ACTOR_EP=8")
     error_with(report, "DISTCP_PATH=")
     error_with(report, "ROLLOUT_EP=2")
+
+
+# ---- python -m recipe.preflight --print-env -------------------------------------------------------------------
+
+def _print_env(env: dict, *names: str):
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "PRESET", "GPUS_PER_NODE")}
+    return subprocess.run([sys.executable, "-m", "recipe.preflight", "--print-env", *names], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_print_env_gives_computed_defaults_and_names_what_blocks_them():
+    """A computed default (EXPERIMENT_NAME reads the arm, the cap, the preset...) prints like a static one; without
+    the variables it is computed from, the error names them, with no traceback."""
+    ok = _print_env({"PRESET": "cpu", "BASELINE_NO_RESAMPLE": "1"}, "EXPERIMENT_NAME", "GPUS_PER_NODE")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.split() == ["EXPERIMENT_NAME=cpu-grpo-baseline", "GPUS_PER_NODE=8"]
+    blocked = _print_env({}, "EXPERIMENT_NAME")
+    assert blocked.returncode == 2 and "Traceback" not in blocked.stderr
+    assert "EXPERIMENT_NAME has no value" in blocked.stderr and "MODEL_PATH is not set" in blocked.stderr
+    bad = _print_env({"GPUS_PER_NODE": "x"}, "GPUS_PER_NODE", "NOT_A_KNOB")
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines() == ["preflight: ERROR: NOT_A_KNOB is not a preflight variable",
+                                       "preflight: ERROR: GPUS_PER_NODE='x' must be an integer; e.g. export "
+                                       "GPUS_PER_NODE=8 (sets trainer.n_gpus_per_node)"]

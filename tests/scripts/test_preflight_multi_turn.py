@@ -97,8 +97,9 @@ def test_sandboxes_that_could_take_too_much_of_a_node_are_named(env_30b, monkeyp
 
 
 def test_the_sandbox_memory_bound_is_stated(monkeypatch):
-    """Within the share, the bound and how it adds up is a note; per-process limits multiply by max_processes."""
-    from recipe.preflight.tools import check_sandbox_memory
+    """Within the share, the bound and how it adds up is a note; per-process limits multiply by max_processes and
+    add what lives outside the address spaces (socket buffers, the tmpfs)."""
+    from recipe.preflight.tools import check_sandbox_memory, socket_buffer_bytes
     from recipe.tools.sandbox import make_backend
 
     class Tool:
@@ -111,9 +112,12 @@ def test_the_sandbox_memory_bound_is_stated(monkeypatch):
     check_sandbox_memory(cfg, [Tool()], "t.yaml", errors, notes, 64 * GIB)
     assert errors == [] and len(notes) == 1 and notes[0].startswith("sandboxes may hold up to 4.0 GiB"), notes
     monkeypatch.setattr(Tool.backend, "limits_mode", lambda: (None, None))  # per-process limits accepted
-    check_sandbox_memory(cfg, [Tool()], "t.yaml", errors, notes, 64 * GIB)
-    assert errors == [] and notes[1].startswith("sandboxes may hold up to 16.0 GiB") and "max_processes 4" in notes[1]
-    check_sandbox_memory(cfg, [Tool()], "t.yaml", errors, notes, 32 * GIB)
+    # per process: what each address space holds, what 256 sockets may buffer beside it, and the two tmpfs
+    each = 4 * (GIB // 2 + 256 * socket_buffer_bytes()) + 2 * 64 * 2**20
+    check_sandbox_memory(cfg, [Tool()], "t.yaml", errors, notes, 4 * 8 * each)
+    assert errors == [] and notes[1].startswith(f"sandboxes may hold up to {8 * each / GIB:.1f} GiB"), notes
+    assert "max_processes 4" in notes[1] and "socket buffer" in notes[1] and "2 x scratch_bytes" in notes[1]
+    check_sandbox_memory(cfg, [Tool()], "t.yaml", errors, notes, 4 * 8 * each - GIB)
     assert len(errors) == 1 and "more than the 25%" in errors[0]
 
 

@@ -64,8 +64,8 @@ def test_default_on_a_qwen3_moe_with_megatron_is_r3_with_both_keys(env_30b):
     assert sel(c, f"{ARR}.rollout.calculate_log_probs") is True  # verl's mismatch metrics need the rollout's
     assert sel(c, f"{ARR}.ref.megatron.router_replay.mode") == "disabled"  # the ref routes natively
     # 48 layers x top-8 x int16 over prompt 1024 + response 16384; 32 prompts x 16 responses per step
-    assert row(report, "router replay").startswith("R3: 768 B/token (int16), up to 13.4 MB per response, 6.85 GB "
-                                                   "per step for 512 responses")
+    assert row(report, "router replay").startswith("R3: 768 B/token (int16), up to 13.4 MB per response; 6.85 GB "
+                                                   "written per step for 512 responses")
     assert report.values["EXPERIMENT_NAME"] == "qwen3-30b-a3b-grpo-resampler"  # the default arm keeps its name
 
 
@@ -147,19 +147,50 @@ def test_speculative_decoding_with_r3_passes(env_30b):
 def test_over_sampling_states_what_the_extra_launches_move(env_30b):
     report = run_preflight([], {**env_30b, "OVER_SAMPLE_ENABLE": "1"})
     resolved(report)
-    # ceil(32 x 1.25) = 40 prompts x 16 launched, each up to 17408 tokens x 768 B (restart: nothing kept)
-    assert row(report, "router replay").endswith("8.56 GB per step for 640 responses (vLLM -> agent loops -> "
-                                                 "TransferQueue -> Megatron)")
+    # ceil(32 x 1.25) = 40 prompts x 16 launched, each up to 17408 tokens x 768 B; the trainer reads the 512 trained
+    assert "8.56 GB written per step for 640 responses (vLLM -> agent loops -> TransferQueue); the trainer reads " \
+           "164 GB per step (512 responses" in row(report, "router replay")
+
+
+def test_the_trainer_reads_are_stated_per_pass_and_rank(env_30b):
+    """The defaults: old log-probs, the KL loss's reference pass and the update each fetch the batch's routes, on
+    each of the actor's TP 2 x PP 4 ranks of a data-parallel group: 512 x 17408 x 768 B x 3 x 8 = 164 GB a step.
+    Bypass mode skips the old log-probs' pass, no KL drops the reference's."""
+    text = row(run_preflight([], env_30b), "router replay")
+    assert "the trainer reads 164 GB per step (512 responses x 3 passes: old log-probs, ref, update x 8 " \
+           "model-parallel ranks); none held across steps" in text
+    lean = run_preflight([f"{ARR}.actor.use_kl_loss=False", "algorithm.rollout_correction.bypass_mode=True"], env_30b)
+    assert "the trainer reads 54.8 GB per step (512 responses x 1 passes: update x 8 model-parallel ranks)" in \
+        row(lean, "router replay")
+
+
+def test_vllms_routes_buffer_is_stated_per_engine(env_30b, monkeypatch):
+    """vLLM 0.24 keeps one route row per KV-cache slot (uint8, 48 x 8 = 384 B; K/V in bf16: 48 x 2 x 4 x 128 x 2 =
+    96 KiB a token), in each engine core's host memory; with the GPU's memory known, bounded by the KV cache
+    gpu_memory_utilization leaves it: 0.39% x 0.6 x 4 x 141 GiB (an H200, TP 4) = 1.41 GB an engine, 2 engines on 8
+    GPUs."""
+    import recipe.preflight.report as report_module
+
+    monkeypatch.setattr(report_module, "gpu_memory_bytes", lambda: None)
+    text = row(run_preflight([], env_30b), "routes in vLLM")
+    assert text.startswith("vLLM's scheduler holds 384 B of routes per KV-cache token (0.39% of the KV cache's bytes, "
+                           "uint8 ids) in each engine core's host memory, allocated at start-up; each GPU worker "
+                           "26.7 MB of capture buffer (int32)")  # ROLLOUT_MAX_NUM_BATCHED_TOKENS 17408 x 384 x 4
+    monkeypatch.setattr(report_module, "gpu_memory_bytes", lambda: 143771 * 2**20)
+    assert "at most 1.41 GB per engine, 2.83 GB for the 2 per node" in row(run_preflight([], env_30b),
+                                                                           "routes in vLLM")
+    off = run_preflight([], {**env_30b, "ROUTER_REPLAY": "R2"})
+    assert "routes in vLLM" not in dict(off.table)
 
 
 def test_over_sample_continue_keeps_r3_and_states_what_it_holds(env_30b):
     """A resumed group's finished sessions get their routes re-prefilled (recipe/adapter/routes.py): R3 is the MoE
-    default with ``continue`` too, and the aborted groups' records held to the next step are counted."""
+    default with ``continue`` too, and the records kept for a resume hold no routes (the over-sampler empties them)."""
     cont = {**env_30b, "OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_REQUEUE": "continue"}
     report = run_preflight([], cont)
     c = resolved(report)
     assert report.values["ROUTER_REPLAY"] == "R3" and sel(c, MODE_KEY) == "R3" and sel(c, ROLLOUT_KEY) is True
-    assert "across steps" in row(report, "router replay")
+    assert row(report, "router replay").endswith("none held across steps")
     assert sel(resolved(run_preflight(["recipe.over_sample.requeue=continue"],
                                       {**env_30b, "OVER_SAMPLE_ENABLE": "1"})), MODE_KEY) == "R3"
 

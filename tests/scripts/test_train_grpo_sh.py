@@ -141,10 +141,13 @@ exec {sys.executable} "$@"
     assert [p.name.split(".")[0] for p in logs] == ["console"]  # verl creates metrics.*.jsonl itself
     console = logs[0].read_text()
     assert console.startswith("preflight: resolved settings") and f"CONVERTED {distcp}" in console
-    main_out, finished = console.split("MAIN ", 1)[1].rsplit("train_grpo.sh: finished with status 7; run dir", 1)
+    main_out, finished = console.split("MAIN ", 1)[1].rsplit("train_grpo.sh: where the run is:", 1)
     main_out = main_out.splitlines()
     assert main_out[0] == (f"WANDB_MODE=offline VERL_FILE_LOGGER_PATH={run_dir}/logs/"
                            f"{logs[0].name.replace('console', 'metrics').replace('.log', '.jsonl')}")
     assert main_out[1:3] == ["--config-name", "length_aware_grpo"]
     assert main_out[-1] == "trainer.total_epochs=1" and main_out[3].startswith("actor_rollout_ref.model.path=")
-    assert str(run_dir) in finished and "length_traces.jsonl" in finished
+    assert finished.rstrip().splitlines()[-1] == f"train_grpo.sh: finished with status 7; run dir {run_dir}"
+    assert f"{run_dir}/length_traces.jsonl" in finished
+    # the terminal: the recipe's lines only, and on a failure the log's last lines
+    assert "MAIN " not in r.stdout.split("the run failed (status 7)")[0] and "the run failed (status 7)" in r.stdout

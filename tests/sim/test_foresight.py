@@ -11,7 +11,7 @@ from recipe.sim import trace as T
 from recipe.sim.engine import EngineParams
 from recipe.sim.foresight import ForesightCutExecutor, best_cut_time
 from recipe.sim.run import run_policy
-from recipe.testing.script_module import load_script
+from harness.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = T.generate("reference", num_prompts=128, n=8, epochs=3)

@@ -14,7 +14,7 @@ import pytest
 from recipe.core.ordering import expected_time_key, length_sorted_order
 from recipe.sim import multiturn as M
 from recipe.sim.engine import EngineParams
-from recipe.testing.script_module import load_script
+from harness.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 # a = 1 s per decode step, prefill 0.01 s per token, 100 prompt tokens, one slot: every number below by hand

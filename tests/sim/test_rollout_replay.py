@@ -14,7 +14,7 @@ import pytest
 
 from recipe.sim import trace as T
 from recipe.sim.policies import ONPOLICY_CAP, POLICIES
-from recipe.testing.script_module import load_script
+from harness.script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 

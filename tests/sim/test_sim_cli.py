@@ -132,6 +132,8 @@ def test_a_measured_acceptance_curve_replaces_the_published_figure(tmp_path, cap
     assert free["speculation"]["acceptance_length_source"] == f"{path}: {name}"
     assert free["speculation"]["acceptance_length"] is None and free["speculation"]["curve"]["tau"]
     assert costly["speculation"]["draft_s_per_new_token"] == 1e-3
+    # a drafter from the group: routed by group (affinity's imbalance) with 0..K drafts (PIECEWISE graphs)
+    assert free["speculation"]["group_affinity"] is True and free["speculation"]["ragged_drafts"] is True
     speed = [by_name(r)["best-onpolicy-spec"]["speedup_vs_baseline"] for r in (free, costly)]
     assert speed[1] < speed[0], speed
     lone = sim("--acceptance-curve", str(path))

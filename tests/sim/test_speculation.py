@@ -191,3 +191,31 @@ def test_cli_reports_the_acceptance_length_it_assumes():
     bad = subprocess.run([sys.executable, "-m", "recipe.sim", "--acceptance-length", "5"],
                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "acceptance length" in bad.stderr
+
+
+def test_ragged_drafts_pay_the_graph_fallback_on_every_step():
+    """A model-free drafter proposes 0..K tokens per request: vLLM's uniform-decode FULL graphs do not apply, so the
+    PIECEWISE penalty is charged on every step, not only under a batch-size schedule."""
+    from recipe.sim.speculation import SpecCost, Speculation
+
+    flat = SpecCost(tau=2.0, k=4)
+    ragged = SpecCost(tau=2.0, k=4, ragged_drafts=True)
+    f, g = Speculation(flat).factor(64, 3000), Speculation(ragged).factor(64, 3000)
+    assert g == pytest.approx(f * (1 + flat.sync_penalty + flat.graph_penalty) / (1 + flat.sync_penalty))
+
+
+def test_group_affinity_places_whole_groups_least_loaded():
+    import numpy as np
+
+    from recipe.sim.engine import EngineParams, assign_groups, simulate_step
+
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(8), 4)
+    where = assign_groups(groups, 4, rng)
+    assert all(len(set(where[groups == g])) == 1 for g in range(8))
+    assert sorted(np.bincount(where, minlength=4)) == [8, 8, 8, 8]
+    lengths = np.random.default_rng(1).integers(100, 4000, 32)
+    t = simulate_step(lengths, EngineParams(), np.random.default_rng(2), placement="group", groups=groups)
+    assert all(len(set(t.replica[groups == g])) == 1 for g in range(8))
+    with pytest.raises(ValueError, match="needs the group"):
+        simulate_step(lengths, EngineParams(), rng, placement="group")

@@ -34,7 +34,7 @@ DRAFTER = f"ngram:k={K}:min={LOOKUP[0]}:max={LOOKUP[1]}"
 
 @pytest.fixture(scope="module")
 def sft_model():
-    from recipe.testing import tiny_sft
+    from recipe.tiny import sft as tiny_sft
 
     return tiny_sft.sft_artifacts().model_dir
 
@@ -45,7 +45,7 @@ def prompts(sft_model):
 
     from transformers import AutoTokenizer
 
-    from recipe.testing import tiny_sft, tiny_tasks
+    from recipe.tiny import sft as tiny_sft, tasks as tiny_tasks
 
     tok = AutoTokenizer.from_pretrained(sft_model)
     rng = random.Random(0)
@@ -59,7 +59,7 @@ def prompts(sft_model):
 @pytest.fixture(scope="module")
 def engine(sft_model):
     from recipe.rollout_spec import batch_schedule
-    from recipe.testing.vllm_engine import InProcessVLLM
+    from recipe.route_record.engine import InProcessVLLM
 
     eng = InProcessVLLM(sft_model, max_model_len=1024, max_num_seqs=BIG, seed=0, disable_log_stats=False,
                         speculative_config={"method": "ngram", "num_speculative_tokens": K,

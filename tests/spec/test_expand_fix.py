@@ -134,7 +134,8 @@ def test_plugin_applies_the_fix_only_on_the_cpu_platform(monkeypatch):
     from recipe.cpu import vllm_plugin
 
     calls = []
-    for name in ("keep_linear_weights", "repack_moe_on_update", "fix_spec_expand_kernel"):
+    fixes = ("keep_linear_weights", "keep_moe_weight_loaders", "fix_spec_expand_kernel", "fix_spec_recovered_kernel", "capture_cpu_routing")
+    for name in fixes:
         monkeypatch.setattr(vllm_plugin, name, lambda name=name: calls.append(name))
 
     class Gpu:
@@ -147,7 +148,7 @@ def test_plugin_applies_the_fix_only_on_the_cpu_platform(monkeypatch):
     assert calls == []
     monkeypatch.undo()
     monkeypatch.setattr(cpu_tl, "expand_kernel", cpu_tl.expand_kernel)
-    for name in ("keep_linear_weights", "repack_moe_on_update", "fix_spec_expand_kernel"):
+    for name in fixes:
         monkeypatch.setattr(vllm_plugin, name, lambda name=name: calls.append(name))
     vllm_plugin.apply()  # this machine: vLLM's CPU platform
-    assert calls == ["keep_linear_weights", "repack_moe_on_update", "fix_spec_expand_kernel"]
+    assert calls == list(fixes)

@@ -14,16 +14,16 @@ speculation for the reference arm.
 - History: a prompt's second wave, greedy, drafts from the first wave's finished responses (the same text): nearly
   every draft token is accepted, more than the first wave, which had only its own context and its lockstep siblings.
 
-Measured on 2 shared cores (~2 min, two engine starts): distribution p = 0.211 (mean TV 0.1065 vs null 0.1021;
-5291 drafts, 12.9% of draft tokens accepted); logprobs max |diff| 4.8e-7 over 384 tokens (804 draft tokens); greedy
-waves: 53.8% of the first wave's draft tokens accepted (448 of
-832, own context), 95.0% of the second's (608 of 640: 10 verify steps for 48 tokens).
+Measured on 2 shared cores (~2 min, two engine starts), the corpus of issue 34: distribution p = 0.085 (mean TV
+0.1109 vs null 0.1032; 5322 drafts, 12.2% of draft tokens accepted); logprobs max |diff| 4.8e-7 over 384 tokens
+(819 draft tokens); greedy waves: 55.6% of the first wave's draft tokens accepted (463 of 832, own context), 95.0%
+of the second's (608 of 640: 10 verify steps for 48 tokens). (Issue 24's corpus: p = 0.211, 12.9%; 53.8%, 95.0%.)
 """
 import numpy as np
 import pytest
 
 from recipe.rollout_spec import GROUP_PROPOSER
-from recipe.testing.spec_checks import permutation_p, sampled_after_first, waves
+from harness.spec_checks import permutation_p, sampled_after_first, waves
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -35,11 +35,11 @@ VOCAB = 978  # the tiny tokenizer
 
 @pytest.fixture(scope="module")
 def engines(tiny_artifacts):
-    from recipe.testing.vllm_engine import InProcessVLLM
+    from recipe.route_record.engine import InProcessVLLM
 
     # two engines at once beside the suite's e2e runs: a small KV cache each (the tiny model needs ~100 MB of it)
     kw = dict(max_model_len=1024, max_num_seqs=64, seed=0, disable_log_stats=False,
-              logprobs_mode="processed_logprobs", gpu_memory_utilization=0.06)
+              logprobs_mode="processed_logprobs", kv_cache_gib=0.25)
     group = InProcessVLLM(tiny_artifacts.model_dir, speculative_config={
         "method": "custom_class", "model": GROUP_PROPOSER, "num_speculative_tokens": K,
         "suffix_decoding_max_tree_depth": DEPTH, "suffix_decoding_max_cached_requests": 4096}, **kw)

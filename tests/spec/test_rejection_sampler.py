@@ -46,14 +46,16 @@ def chi_square_p(tokens: torch.Tensor, expected: torch.Tensor) -> float:
 @pytest.fixture
 def cpu_rejection_sampler(monkeypatch):
     """vLLM's rejection sampler module with the CPU kernels bound as the CPU model runner binds them, the expand
-    kernel fixed by the recipe's plugin (restored afterwards)."""
+    kernel and the recovered-token shim fixed by the recipe's plugin (restored afterwards)."""
     import vllm.utils.cpu_triton_utils as cpu_tl
     import vllm.v1.sample.rejection_sampler as rs
 
     from recipe.cpu import vllm_plugin
 
     monkeypatch.setattr(cpu_tl, "expand_kernel", cpu_tl.expand_kernel)
+    monkeypatch.setattr(cpu_tl, "sample_recovered_tokens_kernel", cpu_tl.sample_recovered_tokens_kernel)
     vllm_plugin.fix_spec_expand_kernel()  # a no-op where this process's vLLM already loaded the plugin
+    vllm_plugin.fix_spec_recovered_kernel()  # likewise: vLLM 0.24 passes USE_FP64_GUMBEL, the CPU shim lacks it
     assert getattr(cpu_tl.expand_kernel, vllm_plugin.MARK, False), "the expand fix is not in place"
     for name in ("rejection_greedy_sample_kernel", "rejection_random_sample_kernel", "expand_kernel",
                  "sample_recovered_tokens_kernel"):

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.testing.route_paths import model_routes
+from recipe.route_record.paths import model_routes
 
 ENGINE = [pytest.mark.engine, pytest.mark.slow]
 K = 4  # ngram draft tokens
@@ -48,12 +48,12 @@ def hf_model(tiny_artifacts):
 def run(request, tiny_artifacts, hf_model):
     """One engine per arm: every prompt once, then the long one again; the final outputs, the model's own routes of
     each prompt + response, and the engine's speculation counters. The engine is shut down before the next arm."""
-    from recipe.testing.vllm_engine import InProcessVLLM
+    from recipe.route_record.engine import InProcessVLLM
 
     engine_kwargs, temperature = ARMS[request.param]
     engine = InProcessVLLM(tiny_artifacts.model_dir, max_model_len=512, max_num_seqs=8, seed=0,
                            max_num_batched_tokens=BATCHED_TOKENS, disable_log_stats=False,
-                           enable_return_routed_experts=True, gpu_memory_utilization=0.06,  # beside e2e runs
+                           enable_return_routed_experts=True,
                            **engine_kwargs)
     try:
         # no per-request seed: a seeded request prefilled in chunks kills vLLM CPU's engine (its runner rewinds the
@@ -123,25 +123,38 @@ def test_the_run_took_the_paths_it_is_meant_to(run):
 
 
 def test_plugin_captures_the_ids_the_cpu_kernel_routes_with(monkeypatch):
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    """The runner's callback gets the ids the CPU fused MoE selects (by calling ``cpu_fused_moe.select_experts``);
+    no callback, nothing recorded; a monolithic kernel that routes elsewhere raises instead of returning unwritten
+    routes."""
+    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
     from recipe.cpu import vllm_plugin
 
-    for name in ("_select_experts", "supports_routing_replay_capture"):
-        monkeypatch.setattr(CPUUnquantizedExperts, name, getattr(CPUUnquantizedExperts, name))
-    vllm_plugin.capture_cpu_routing()
-    patched = CPUUnquantizedExperts._select_experts
-    vllm_plugin.capture_cpu_routing()
-    assert CPUUnquantizedExperts._select_experts is patched  # idempotent: every vLLM process applies the plugin
-    captured = []
-    experts = SimpleNamespace(moe_config=SimpleNamespace(experts_per_token=2), use_grouped_topk=False,
-                              renormalize=True, custom_routing_function=None, scoring_func="softmax",
-                              routing_replay_capture_fn=captured.append)
-    assert CPUUnquantizedExperts.supports_routing_replay_capture(experts)
     logits = torch.tensor([[0.1, 2.0, -1.0, 1.5], [3.0, 0.0, 0.2, -2.0]])
-    _, ids = CPUUnquantizedExperts._select_experts(experts, torch.zeros(2, 8), logits, None, None, None, None)
-    assert len(captured) == 1 and captured[0] is ids
-    assert ids.sort(-1).values.tolist() == [[1, 3], [0, 2]]
-    experts.routing_replay_capture_fn = None  # capture off: routing unchanged, nothing recorded
-    CPUUnquantizedExperts._select_experts(experts, torch.zeros(2, 8), logits, None, None, None, None)
-    assert len(captured) == 1
+    routed = []
+
+    def kernel(self, hidden_states, router_logits, shared_experts_input, input_ids=None):  # the CPU fused MoE's part
+        if self.routes_here:
+            routed.append(cpu_fused_moe.select_experts(hidden_states=hidden_states, router_logits=router_logits,
+                                                       use_grouped_topk=False, top_k=2, renormalize=True)[1])
+        return hidden_states
+
+    monkeypatch.setattr(MoERunner, "_apply_quant_method", kernel)
+    monkeypatch.setattr(cpu_fused_moe, "select_experts", cpu_fused_moe.select_experts)
+    vllm_plugin.capture_cpu_routing()
+    patched = MoERunner._apply_quant_method
+    vllm_plugin.capture_cpu_routing()
+    assert MoERunner._apply_quant_method is patched  # idempotent: every vLLM process applies the plugin
+    captured = []
+    runner = SimpleNamespace(router=SimpleNamespace(capture_fn=captured.append), routes_here=True,
+                             routed_experts=SimpleNamespace(quant_method=SimpleNamespace(is_monolithic=True)))
+    MoERunner._apply_quant_method(runner, torch.zeros(2, 8), logits, None)
+    assert len(captured) == 1 and captured[0] is routed[0]
+    assert captured[0].sort(-1).values.tolist() == [[1, 3], [0, 2]]
+    runner.router.capture_fn = None  # capture off: routing unchanged, nothing recorded
+    MoERunner._apply_quant_method(runner, torch.zeros(2, 8), logits, None)
+    assert len(captured) == 1 and len(routed) == 2
+    runner.router.capture_fn, runner.routes_here = captured.append, False
+    with pytest.raises(RuntimeError, match="ROUTER_REPLAY=off"):
+        MoERunner._apply_quant_method(runner, torch.zeros(2, 8), logits, None)

@@ -97,6 +97,8 @@ def test_ngram_lookup_bounds_and_missing_dynamic_sd(monkeypatch):
     monkeypatch.setattr(rollout_spec, "vllm_has_batch_schedule", lambda: False)
     found = " | ".join(rollout_spec.problems(cfg))
     assert "ROLLOUT_SPECULATIVE_NGRAM_MIN=6 > ROLLOUT_SPECULATIVE_NGRAM_MAX=5" in found
+    equal = spec_cfg("ngram")  # vLLM's own 5/5: min == max is a valid lookup
+    assert not [p for p in rollout_spec.problems(equal) if "NGRAM" in p]
     assert "installed vLLM's SpeculativeConfig lacks" in found
 
 
@@ -142,6 +144,24 @@ def test_preflight_composes_group_and_verl_hands_vllm_the_proposers_path():
     assert spec["suffix_decoding_max_tree_depth"] == 8 and "num_speculative_tokens_per_batch_size" not in spec
     assert json.loads(build_cli_args_from_config({"speculative_config": spec})[1]) == spec
     assert report.values["EXPERIMENT_NAME"] == "cpu-grpo-resampler-group"
+    # group turns group affinity on (siblings and the prompt's history on one engine) and keeps an epoch's texts
+    assert report.values["ROLLOUT_GROUP_AFFINITY"] is True and report.values["ROLLOUT_SPECULATIVE_SUFFIX_CACHED"] == 80000
+    assert str(report.config.actor_rollout_ref.rollout.router_config_path).endswith("configs/router/group_affinity.yaml")
+
+
+def test_group_without_affinity_or_with_data_parallel_engines_is_refused_by_name():
+    from recipe.preflight.overrides import GROUP_AFFINITY_ROUTER
+
+    def group_cfg(**rollout):
+        cfg = spec_cfg("group", **rollout)
+        del cfg["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]["speculative_config"][rollout_spec.SCHEDULE]
+        return cfg
+
+    assert rollout_spec.problems(group_cfg(router_config_path=str(GROUP_AFFINITY_ROUTER))) == []
+    found = rollout_spec.problems(group_cfg())
+    assert any("without ROLLOUT_GROUP_AFFINITY=1" in e and "export ROLLOUT_GROUP_AFFINITY=1" in e for e in found), found
+    found = rollout_spec.problems(group_cfg(router_config_path=str(GROUP_AFFINITY_ROUTER), data_parallel_size=2))
+    assert found and "ROLLOUT_DP=2" in found[0] and "export ROLLOUT_DP=1" in found[0], found
 
 
 @pytest.mark.slow
@@ -197,7 +217,8 @@ def test_group_corpus_memory_is_stated_and_bounded_by_the_node(monkeypatch):
 
     monkeypatch.setattr(preflight, "node_memory_bytes", lambda: 64 * 2**30)
     ok = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "group"})
-    assert ok.ok and any(n.startswith("ROLLOUT_SPECULATIVE=group keeps up to") for n in ok.notes), ok.notes
+    note = [n for n in ok.notes if n.startswith("ROLLOUT_SPECULATIVE=group keeps up to")]
+    assert ok.ok and note and "1 engines x" in note[0] and "steps of an engine's texts" in note[0], ok.notes
     assert ok.values["ROLLOUT_SPECULATIVE_SUFFIX_DEPTH"] == 8  # group's default; suffix keeps vLLM's 24
     big = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "group",
                              "ROLLOUT_SPECULATIVE_SUFFIX_CACHED": "10000000"})

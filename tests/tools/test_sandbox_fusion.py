@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from recipe.tools.fusion import CLIENT_PIN, SandboxFusionBackend, answer_budget
+from recipe.tools.fusion_probe import ACCEPT_ENV, GAPS, parse_accept
 from recipe.tools.limits import MiB, SandboxLimits
 from recipe.tools.result import Status
 from recipe.tools.sandbox import make_backend, sandbox_self_check
@@ -48,6 +49,7 @@ class FakeSandboxFusion:
     def __init__(self, listen=True):
         self.requests = []
         self.answer = (200, finished("2\n"))
+        self.executor = None  # a function of the request that runs its code and answers (see the probe tests)
         self.delay = 0.0
         self.written = 0
         self.write_failed = False
@@ -59,6 +61,8 @@ class FakeSandboxFusion:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 fake.requests.append({"path": self.path, "json": json.loads(body)})
                 time.sleep(fake.delay)
+                if fake.executor is not None:
+                    fake.answer = (200, fake.executor(json.loads(body)))
                 try:
                     if fake.answer == "disconnect":
                         self.close_connection = True
@@ -235,7 +239,8 @@ def test_missing_url_and_code_too_long():
 
 
 def test_self_check(fake):
-    assert sandbox_self_check(backend(fake.url)) is None
+    """The scripted fake answers "2" to every program, so the isolation probe learns nothing: accepted by name."""
+    assert sandbox_self_check(backend(fake.url, accept=frozenset(GAPS))) is None
     fake.answer = (500, "boom")
     err = sandbox_self_check(backend(fake.url))
     assert "print(1+1)" in err and "HTTP 500" in err
@@ -306,3 +311,74 @@ def test_a_refused_connection_is_tried_again():
         assert attempts == [False, True] and r.ok and r.stdout == "2\n" and len(fake.requests) == 1, r
     finally:
         fake.close()
+
+
+# ---- what the server enforces: the startup probe ---------------------------------------------------------------
+PROBE_LIMITS = SandboxLimits(wall_timeout_s=30, memory_bytes=256 * MiB, max_processes=8, max_output_bytes=4096)
+
+
+def unisolated(request):
+    """Runs the program as SandboxFusion's default ``isolation: none`` does (servers from 2025-06-17): this host's
+    network and user, RLIMIT_AS = memory_limit_MB per process, nothing else."""
+    import resource
+    import subprocess
+    import sys
+
+    limit = request["memory_limit_MB"] * 2**20
+
+    def rlimit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    r = subprocess.run([sys.executable, "-c", request["code"]], capture_output=True, text=True,
+                       timeout=request["run_timeout"], preexec_fn=rlimit)
+    return finished(r.stdout, r.stderr, r.returncode)
+
+
+def test_an_unisolated_server_is_refused_by_name(fake):
+    """The probe's program reaches this host and forks past max_processes: the self-check (and so the preflight)
+    refuses the server, naming each gap and the knob that accepts it. (Before, print(1+1) was all it checked.)"""
+    fake.executor = unisolated
+    b = SandboxFusionBackend(url=fake.url, limits=PROBE_LIMITS, max_attempts=1)
+    err = sandbox_self_check(b)
+    assert err is not None and "does not isolate model-written code" in err, err
+    assert "network: NOT held (the program connected to this host" in err
+    assert "processes: NOT held (16 of 16 forks succeeded)" in err and "memory: held" in err
+    assert f"{ACCEPT_ENV}=network,processes" in err and "accept_unenforced" in err
+
+
+def test_gaps_accepted_by_name_run_and_are_stated(fake):
+    fake.executor = unisolated
+    b = make_backend("sandbox_fusion", {"limits": {"wall_timeout_s": 30, "memory_bytes": 256 * MiB,
+                                                   "max_processes": 8}},
+                     environ={"SANDBOX_FUSION_URL": fake.url, ACCEPT_ENV: "network,processes"})
+    assert sandbox_self_check(b) is None
+    line = b.describe_limits()
+    assert "probed: network: NOT held" in line and "accepted by name: network,processes" in line
+    b.accept = frozenset({"network"})  # accepting less than the server lacks is still refused
+    assert "processes: NOT held" in sandbox_self_check(b)
+
+
+def test_an_isolated_server_passes_the_probe(fake):
+    """A server that runs programs isolated (here: through the recipe's own bubblewrap sandbox, no network,
+    memory and processes in total) holds all three."""
+    from harness.sandbox_check import require_sandbox
+    from recipe.tools.bwrap import BubblewrapBackend
+
+    inner = require_sandbox(BubblewrapBackend(limits=PROBE_LIMITS))
+
+    def isolated(request):
+        r = asyncio.run(inner.run(request["code"]))
+        return finished(r.stdout, r.stderr, r.exit_code if r.exit_code is not None else 1)
+
+    fake.executor = isolated
+    b = SandboxFusionBackend(url=fake.url, limits=PROBE_LIMITS, max_attempts=1)
+    assert sandbox_self_check(b) is None
+    assert "network: held" in b.describe_limits() and "NOT held" not in b.describe_limits()
+
+
+def test_accepting_an_unknown_gap_names_the_known_ones():
+    assert parse_accept("network, Memory", ACCEPT_ENV) == {"network", "memory"}
+    with pytest.raises(ValueError, match=f"{ACCEPT_ENV}.*network, memory, processes"):
+        make_backend("sandbox_fusion", environ={ACCEPT_ENV: "internet"})
+    with pytest.raises(ValueError, match="accept_unenforced"):
+        make_backend("sandbox_fusion", {"accept_unenforced": ["all"]}, environ={})

@@ -186,3 +186,18 @@ def test_missing_libseccomp_fails_closed(monkeypatch):
         assert seccomp.PIN in sandbox_self_check(backend)
     finally:
         seccomp.filter_bpf.cache_clear()
+
+
+def test_before_linux_5_14_rlimit_nproc_is_not_a_per_sandbox_bound(monkeypatch):
+    """RLIMIT_NPROC counted every process of the host uid before 5.14 (RHEL 8, Ubuntu 20.04): the sandboxes would
+    share one budget with each other and a non-root trainer's threads. There the cgroup's pids.max alone bounds a
+    run (RLIMIT_NPROC is not set), and per-process limits are refused by name."""
+    assert bwrap_module.nproc_per_user_namespace("5.14.0-1") and bwrap_module.nproc_per_user_namespace("6.18.44")
+    assert not bwrap_module.nproc_per_user_namespace("5.10.0-28-amd64")
+    monkeypatch.setattr(bwrap_module.platform, "release", lambda: "4.18.0-553.el8.x86_64")
+    b = BubblewrapBackend(sandbox_uid=None)
+    argv = b.argv(3, 4)
+    assert argv[argv.index("-c") + 4] == "-1"  # cpu, memory, then no RLIMIT_NPROC
+    monkeypatch.setattr(bwrap_module, "host_cgroups", lambda: NO_CGROUPS)
+    problem = make_backend("bubblewrap", environ={ALLOW_PER_PROCESS: "1"}).limits_mode()[1]
+    assert problem and "4.18.0-553.el8.x86_64 < 5.14" in problem and "SANDBOX_BACKEND=landlock" in problem

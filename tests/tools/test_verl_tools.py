@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipe.testing.proc_tree import named_below, stat
-from recipe.testing.sandbox_check import require_sandbox
+from harness.proc_tree import named_below, stat
+from harness.sandbox_check import require_sandbox
 
 tool_registry = pytest.importorskip("verl.tools.tool_registry")
 from verl.tools.base_tool import BaseTool  # noqa: E402
@@ -87,6 +87,19 @@ def test_description_follows_the_bubblewrap_backend(monkeypatch, tmp_path):
         text = _description(tool)
         assert "without network access" in text and "scratch directory is /tmp (32 MiB)" in text, text
         for claim in ("5 s", "3 s of CPU", "256 MiB of memory", "16 processes", "64 KiB of output"):
+            assert claim in text, (claim, text)
+
+
+def test_description_follows_the_landlock_backend(monkeypatch, tmp_path):
+    """The landlock sandbox runs one process with one thread: the model is told, and promised no process count."""
+    limits = {"wall_timeout_s": 5, "cpu_time_s": 3, "memory_bytes": 268435456, "max_output_bytes": 65536,
+              "scratch_bytes": 33554432}
+    for tool in (PythonTool({"type": "native", "backend": "landlock", "limits": limits}, None),
+                 _yaml_tool(monkeypatch, tmp_path, {"SANDBOX_BACKEND": "landlock"}, limits)):
+        text = _description(tool)
+        assert "without network access" in text and "one process with one thread" in text, text
+        assert "current directory (32 MiB)" in text and "/tmp" not in text and "16 processes" not in text, text
+        for claim in ("5 s", "3 s of CPU", "256 MiB of memory", "64 KiB of output"):
             assert claim in text, (claim, text)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # A hung run is a failed test, but a loaded 2-core machine is slow: in a fresh-clone .ci/run beside a busy process,
 # the first launch (beside the trained model's build and the other tests, 21.7 GB of 24 in use) took 13 min to its
 # first step and 18 to its end, past the 900 s this was.
@@ -144,9 +144,13 @@ class Launcher:
         self._lock = threading.Lock()  # a start and the clean-up do not interleave (runs start from pool threads)
 
     def env(self, ckpt_root: Path, marker: str, extra: dict) -> dict:
-        keep = ("HOME", "LANG", "TMPDIR", "PATH", "RECIPE_FIXTURE_CACHE")
+        keep = ("HOME", "LANG", "TMPDIR", "PATH", "RECIPE_FIXTURE_CACHE", "RECIPE_VENV")
         env = {k: v for k, v in os.environ.items() if k in keep}
-        return {**env, "CKPT_ROOT": str(ckpt_root), MARKER: marker, **extra}
+        # the whole console (verl's lines too: the tests read "Resuming from ..."), unless a run asks for the quiet one
+        # the harness for verl's workers (the slow tool is loaded by class path), the checkout's packages first
+        path = os.pathsep.join([str(REPO), str(REPO / "tests" / "support")])
+        return {**env, "CKPT_ROOT": str(ckpt_root), MARKER: marker, "RECIPE_CONSOLE": "full", "PYTHONPATH": path,
+                **extra}
 
     def start(self, name: str, extra: dict | None = None, args: tuple = (), cmd: list | None = None
               ) -> tuple[subprocess.Popen, Path, str]:

@@ -42,3 +42,22 @@ def descendants(root: int) -> list[int]:
 def named_below(root: int, comm: str) -> list[int]:
     """The processes below ``root`` named ``comm``; its children come first."""
     return [pid for pid, name in _below(root) if name == comm]
+
+
+def _in_an_e2e_launch(pid: int) -> bool:
+    """Whether ``pid`` belongs to an e2e launch running beside the suite: the launcher marks every process it starts
+    through the environment (``harness.cpu_runs.MARKER``), and their children inherit it."""
+    from .cpu_runs import MARKER
+
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    return any(entry.startswith(MARKER.encode() + b"=") for entry in env.split(b"\0"))
+
+
+def started_below(root: int, before) -> list[int]:
+    """The processes below ``root`` that were not there in ``before`` (a :func:`descendants` snapshot), leaving out
+    those of e2e launches started meanwhile: what a test's own work started and left."""
+    before = set(before)
+    return [pid for pid in descendants(root) if pid not in before and not _in_an_e2e_launch(pid)]

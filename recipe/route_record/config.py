@@ -1,4 +1,5 @@
-"""The recipe config (configs/length_aware_grpo.yaml) composed for the tiny local artifacts, for CPU tests."""
+"""The recipe config (configs/length_aware_grpo.yaml) composed for the tiny local artifacts, and the recipe's agent
+loops built from it as verl builds them: what route recording and the engine tests run the recipe's paths with."""
 from __future__ import annotations
 
 TRAIN_BATCH = 8
@@ -37,18 +38,6 @@ def compose_recipe(artifacts, overrides=()):
         ])
     OmegaConf.resolve(cfg)
     return cfg
-
-
-def make_trainer(tiny_artifacts, tmp_path, *overrides):
-    """A LengthAwareTrainer on the tiny artifacts with its tokenizer and dataloader, at step 1 (no workers)."""
-    from recipe.adapter.trainer import LengthAwareTrainer
-
-    cfg = compose_recipe(tiny_artifacts, [f"trainer.default_local_dir={tmp_path}/run", *overrides])
-    trainer = LengthAwareTrainer(cfg)
-    trainer._init_tokenizer()
-    trainer._init_dataloader()
-    trainer.global_steps = 1
-    return trainer
 
 
 def build_agent_loop(cfg, server, tokenizer, name: str | None = None, tools=None):

@@ -32,9 +32,10 @@ T = TypeVar("T")
 
 class _SchedulerCounts(StatLoggerBase):
     """Keeps the engine core's last reported running/waiting counts (the frontend cannot see the scheduler), counts
-    its scheduler steps (one report per step), sums its speculative-decoding counters and keeps each executed step's
-    (requests scheduled, drafts verified) where the engine reports step details
-    (``enable_logging_iteration_details``)."""
+    its scheduler steps (one report per step), sums its speculative-decoding counters and keeps each step's
+    (requests running after it, drafts it verified). vLLM 0.24 reports no step's batch in its stats (its
+    ``enable_logging_iteration_details`` only logs it in the engine process); the requests still running after a step
+    were all scheduled in it, so that count is a lower bound of the step's batch."""
 
     def __init__(self, vllm_config, engine_index: int = 0):
         self.running = self.waiting = self.steps = 0
@@ -52,10 +53,7 @@ class _SchedulerCounts(StatLoggerBase):
             self.drafts += spec.num_drafts
             self.draft_tokens += spec.num_draft_tokens
             self.accepted += spec.num_accepted_tokens
-        details = getattr(scheduler_stats, "iteration_details", None)
-        if details is not None and not details.is_dummy:
-            self.batches.append((details.num_ctx_requests + details.num_generation_requests,
-                                 spec.num_drafts if spec is not None else 0))
+        self.batches.append((self.running, spec.num_drafts if spec is not None else 0))
 
     def log_engine_initialized(self):
         pass
@@ -65,11 +63,14 @@ class InProcessVLLM:
     """vLLM ``AsyncLLM`` on the tiny model, driven from a private event-loop thread.
 
     float32 + ``enforce_eager`` because bf16 + eager crashes in the CPU attention kernel on these machines and
-    compiled mode doubles startup. Call ``shutdown()`` when done (it also stops the engine's worker processes).
+    compiled mode doubles startup. The KV cache is ``kv_cache_gib`` GiB (what the CPU preset's replica gets,
+    ``VLLM_CPU_KVCACHE_SPACE=1``): vLLM 0.24's CPU worker otherwise reserves ``gpu_memory_utilization`` of the host's
+    memory (0.9 by default) and refuses to start when that much is not free, which beside another engine or an e2e
+    launch it is not. Call ``shutdown()`` when done (it also stops the engine's worker processes).
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, max_model_len: int = 2048, max_num_seqs: int = 32,
-                 seed: int = 0, gpu_memory_utilization: float = 0.25, **engine_kwargs):
+                 seed: int = 0, kv_cache_gib: float = 1.0, **engine_kwargs):
         self.model_dir = str(model_dir)
         self.max_model_len = max_model_len
         self.loop = asyncio.new_event_loop()
@@ -77,7 +78,7 @@ class InProcessVLLM:
         self._thread.start()
         self._counts: Optional[_SchedulerCounts] = None
         args = AsyncEngineArgs(model=self.model_dir, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                               gpu_memory_utilization=gpu_memory_utilization, seed=seed, dtype="float32",
+                               kv_cache_memory_bytes=int(kv_cache_gib * 2**30), seed=seed, dtype="float32",
                                enforce_eager=True, **engine_kwargs)
         try:
             self.engine: AsyncLLM = self.run(self._start(args))
@@ -250,52 +251,3 @@ class ForcedLengths(EngineServerManager):
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
         return await super().generate(request_id, prompt_ids=prompt_ids,
                                       sampling_params={**sampling_params, "ignore_eos": True}, **kw)
-
-
-class EngineReplicas:
-    """Test stand-in for verl's ``CheckpointEngineManager`` over the in-process engine: abort aborts the engine's
-    requests; sleep, weight update and resume are recorded (there is no trainer to sync from)."""
-
-    def __init__(self, engine: InProcessVLLM):
-        self.engine, self.calls = engine, []
-
-    def abort_replicas(self, reject_request=False):
-        self.calls.append("abort")
-        self.engine.run(self.engine.abort_all())
-
-    def resume_generation_replicas(self):
-        self.calls.append("resume")
-
-    def sleep_replicas(self):
-        self.calls.append("sleep")
-
-    def update_weights(self, step=None):
-        self.calls.append("update_weights")
-
-
-class OneWorker:
-    """Test stand-in for verl's ``AgentLoopManagerTQ``: each batch goes to one in-process ``AgentLoopWorkerTQ`` on
-    the engine's event loop (the engine is bound to one loop) instead of spreading over Ray actors."""
-
-    def __init__(self, engine: InProcessVLLM, worker):
-        self.engine, self.worker = engine, worker
-
-    def generate_sequences(self, batch):
-        self.engine.run(self.worker.generate_sequences(batch))
-
-
-def attach_engine(trainer, cfg, engine: InProcessVLLM, server_cls: type = ForcedLengths) -> ForcedLengths:
-    """Route ``trainer``'s rollouts to ``engine``: a ``server_cls`` server (verl's server client, forced lengths) and
-    verl's ``AgentLoopWorkerTQ`` running the recipe's agent loop behind ``OneWorker``. The worker is built on the
-    engine's event loop: agent loops bind the loop they are created on."""
-    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
-
-    rollout = cfg.actor_rollout_ref.rollout
-    server = server_cls(engine, prompt_length=rollout.prompt_length, response_length=rollout.response_length,
-                        global_steps=0)
-
-    async def make_worker():
-        return AgentLoopWorkerTQ.__ray_actor_class__(cfg, server)
-
-    trainer.agent_loop_manager = OneWorker(engine, engine.run(make_worker()))
-    return server

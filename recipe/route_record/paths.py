@@ -20,8 +20,8 @@ import numpy as np
 
 from recipe.adapter.fields import CAP, PARTIAL
 from recipe.adapter.partial import PartialRef, StoredResponse
-from recipe.testing.recipe_config import build_agent_loop, compose_recipe
-from recipe.testing.vllm_engine import EngineServerManager, ForcedLengths, InProcessVLLM
+from recipe.route_record.config import build_agent_loop, compose_recipe
+from recipe.route_record.engine import EngineServerManager, ForcedLengths, InProcessVLLM
 
 PATHS = ("capped", "cut", "resumed", "finished")
 MULTI_TURN_PATHS = ("tool-turns", "tool-turns-finished")
@@ -155,7 +155,7 @@ def record_single_turn(engine: InProcessVLLM, artifacts, work) -> list[PathRecor
 def multi_turn_config(sft_model_dir, tmp_path, tool_config, *overrides):
     """The multi-turn preset's agent loop (the recipe's tool loop, hermes calls) on the trained tiny model."""
     from recipe.adapter.tool_agent_loop import TOOL_AGENT_LOOP_NAME
-    from recipe.testing import tiny_sft
+    from recipe.tiny import sft as tiny_sft
 
     class Paths:
         model_dir = sft_model_dir
@@ -174,7 +174,7 @@ def record_multi_turn(engine: InProcessVLLM, cfg, tokenizer, tools) -> list[Path
     trained tokens; then that trajectory handed back from the store as a finished session of a resumed group."""
     import random
 
-    from recipe.testing import tiny_tasks as tasks
+    from recipe.tiny import tasks
 
     rollout = cfg.actor_rollout_ref.rollout
     sizes = {"prompt_length": rollout.prompt_length, "response_length": rollout.response_length,
@@ -221,13 +221,12 @@ def record_tool_turns(work) -> tuple:
     from transformers import AutoTokenizer
     from verl.tools.tool_registry import load_all_tools
 
-    from recipe.testing import tiny_sft
+    from recipe.tiny import sft as tiny_sft
 
     model_dir = tiny_sft.sft_artifacts().model_dir
     tool_config = Path(__file__).resolve().parents[1] / "tools" / "configs" / "calculator.yaml"
     cfg = multi_turn_config(model_dir, Path(work), tool_config)
-    engine = InProcessVLLM(model_dir, max_model_len=1024, max_num_seqs=8, seed=0, enable_return_routed_experts=True,
-                           gpu_memory_utilization=0.06)  # beside the session's engine and e2e runs
+    engine = InProcessVLLM(model_dir, max_model_len=1024, max_num_seqs=8, seed=0, enable_return_routed_experts=True)
     try:
         return model_dir, record_multi_turn(engine, cfg, AutoTokenizer.from_pretrained(model_dir),
                                             load_all_tools(str(tool_config), None))

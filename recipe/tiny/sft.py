@@ -1,9 +1,9 @@
 """A tiny Qwen3-MoE that has learned two tasks (SFT on the CPU, a few minutes), as a cached fixture.
 
-``recipe.testing.tiny``'s model is random: it never stops on its own and never calls a tool, so a CPU run sees no
+``recipe.tiny.artifacts``'s model is random: it never stops on its own and never calls a tool, so a CPU run sees no
 real length variation. This one is the same architecture (``Qwen3MoeConfig``: hidden 128, 4 layers, 8 experts
 top-2, ``norm_topk_prob``, float32: vLLM's CPU backend loads it as it loads the random one), trained with plain torch
-(AdamW, loss on the assistant tokens only) on the synthetic tasks of ``recipe.testing.tiny_tasks``:
+(AdamW, loss on the assistant tokens only) on the synthetic tasks of ``recipe.tiny.tasks``:
 
 - countdown: "Count down from N." -> ``N N-1 ... 1. #### N<|im_end|>``, the length set by N, with spread
   within a prompt (a random closing sentence), so the length estimates have something to rank;
@@ -17,7 +17,7 @@ token) trained on the tasks' text too, with ``<tool_call>``, ``</tool_call>``, `
 ``</tool_response>`` as added (non-special) tokens as in Qwen3, and Qwen3's tool-aware chat template
 (``tiny_tasks.CHAT_TEMPLATE``).
 
-Seeded and cached like ``recipe.testing.tiny`` (versioned names under ``default_cache_dir()``, atomic builds).
+Seeded and cached like ``recipe.tiny.artifacts`` (versioned names under ``default_cache_dir()``, atomic builds).
 The training runs a fixed number of steps (deterministic given the seed and ``SFT_THREADS`` threads).
 """
 from __future__ import annotations
@@ -25,12 +25,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import tiny_tasks as tasks
-from .tiny import (ENDOFTEXT, IM_END, IM_START, _atomic_build, _training_text, build_rows_parquet, default_cache_dir,
+from . import tasks
+from .artifacts import (ENDOFTEXT, IM_END, IM_START, _atomic_build, _training_text, build_rows_parquet, default_cache_dir,
                    save_byte_level_bpe)
 
 TOKENIZER_VERSION = "tok-v2-tools"
@@ -238,7 +239,12 @@ def build_sft_model(cache_dir: str | os.PathLike | None = None, seed: int = 0, c
     def build(out: Path) -> None:
         import torch
         from transformers import AutoTokenizer, GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        # the CPU preset's first run spends most of its time here: say so (its console shows the recipe's lines)
+        print(f"[recipe] training the tiny Qwen3-MoE once (~7 min on 2 cores; cached in {root})", file=sys.stderr,
+              flush=True)
+        hf_logging.disable_progress_bar()  # the shard writer's progress bar is noise on a console
         threads = torch.get_num_threads()
         # one thread: on a busy 2-core machine two threads make each small op ~10x slower (they wait on each other)
         torch.set_num_threads(SFT_THREADS)

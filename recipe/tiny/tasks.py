@@ -1,4 +1,4 @@
-"""Synthetic tasks for the trained tiny model (``recipe.testing.tiny_sft``): prompts, reference answers, verl rows.
+"""Synthetic tasks for the trained tiny model (``recipe.tiny.sft``): prompts, reference answers, verl rows.
 
 Two tasks, both answering ``... #### <answer>`` so that ``reward/math_reward.py`` scores them unchanged:
 
@@ -16,7 +16,7 @@ Two tasks, both answering ``... #### <answer>`` so that ``reward/math_reward.py`
   it within a CPU run is to call the tool (a guess earns nothing).
 
 Also the chat template: Qwen3's (tools in the system prompt, assistant ``tool_calls`` rendered as ``<tool_call>``
-blocks, ``tool`` messages inside a user turn) without the ``<think>`` branches, like ``recipe.testing.tiny``'s.
+blocks, ``tool`` messages inside a user turn) without the ``<think>`` branches, like ``recipe.tiny.artifacts``'s.
 Pure Python: no torch, no verl.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import random
 
 from ..tools.calculator import CALCULATOR_SCHEMA
-from .tiny import _ITEMS, _NAMES, IM_END, IM_START
+from .artifacts import _ITEMS, _NAMES, IM_END, IM_START
 
 COUNT_SOURCE = "recipe/tiny_countdown"
 TOOL_SOURCE = "recipe/tiny_calculator"

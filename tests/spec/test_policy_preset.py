@@ -1,0 +1,33 @@
+"""POLICY_PRESET=best-onpolicy-spec (recipe/policy_presets.py): the simulator's policy of that name, as variables."""
+from recipe.policy_presets import POLICY_PRESETS, policy_env
+
+
+def test_the_preset_is_the_simulators_policy():
+    from recipe.sim.policies import POLICIES
+
+    p, v = POLICIES["best-onpolicy-spec"], POLICY_PRESETS["best-onpolicy-spec"]
+    assert (float(v["SAMPLER_EMA_DECAY"]), v["SAMPLER_STATISTIC"], float(v["SAMPLER_BUCKET_SIZE"])) == \
+        (p.ema_decay, p.statistic, p.bucket_size)
+    assert p.priority == "longest_first" and v["ROLLOUT_SCHEDULING_POLICY"] == "priority"
+    assert p.cap in (None, "none") and v["VLLM_ROLLOUT_EARLY_STOP_ENABLE"] == "0"
+    assert (float(v["TAIL_CUT_FRACTION"]), float(v["TAIL_CUT_LEVEL_EXPONENT"]),
+            float(v["TAIL_CUT_MAX_EXTRA_TRUNCATION"])) == (p.tail_cut, p.tail_cut_exponent, p.tail_cut_budget)
+    assert p.speculate == "always" and v["ROLLOUT_SPECULATIVE"] == "group" and v["ROLLOUT_SPECULATIVE_MAX_BATCH"] == "0"
+    assert p.warm_start == "previous_run"  # the user's SAMPLER_INIT_FROM: not a preset value
+
+
+def test_explicit_variables_win_and_no_preset_changes_nothing():
+    env = policy_env({"POLICY_PRESET": "best-onpolicy-spec", "TAIL_CUT_MAX_EXTRA_TRUNCATION": "0.005",
+                      "ROLLOUT_SPECULATIVE": ""})
+    assert env["TAIL_CUT_MAX_EXTRA_TRUNCATION"] == "0.005" and env["ROLLOUT_SPECULATIVE"] == "group"
+    assert policy_env({"TAIL_CUT_ENABLE": "0"}) == {"TAIL_CUT_ENABLE": "0"}
+
+
+def test_the_preflight_composes_the_preset():
+    from recipe.preflight import run_preflight
+
+    report = run_preflight([], {"PRESET": "cpu", "CPU_MODEL": "random", "POLICY_PRESET": "best-onpolicy-spec"})
+    assert report.ok, report.errors
+    v = report.values
+    assert v["ROLLOUT_SPECULATIVE"] == "group" and v["ROLLOUT_GROUP_AFFINITY"] is True and v["TAIL_CUT_ENABLE"] is True
+    assert v["ROLLOUT_SCHEDULING_POLICY"] == "priority" and v["SAMPLER_EMA_DECAY"] == 0.3
