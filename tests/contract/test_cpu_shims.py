@@ -186,6 +186,7 @@ def test_vllm_plugin_patches_once_and_only_on_the_cpu(monkeypatch):
     import vllm.model_executor.layers.utils as layer_utils
     import vllm.utils.cpu_triton_utils as cpu_tl
     from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
     from recipe.cpu import vllm_plugin
@@ -196,6 +197,8 @@ def test_vllm_plugin_patches_once_and_only_on_the_cpu(monkeypatch):
     monkeypatch.setattr(cpu_fused_moe, "select_experts", cpu_fused_moe.select_experts)  # and captures CPU routes
     monkeypatch.setattr(cpu_fused_moe, "replace_parameter", cpu_fused_moe.replace_parameter)  # and keeps loaders
     monkeypatch.setattr(MoERunner, "_apply_quant_method", MoERunner._apply_quant_method)
+    monkeypatch.setitem(cpu_fused_moe._CPU_MOE_ACT_FN, MoEActivation.SILU,  # and the experts' SiLU entry
+                        cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU])
     vllm_plugin.apply()
     first = layer_utils.dispatch_cpu_unquantized_gemm, cpu_fused_moe.select_experts, MoERunner._apply_quant_method
     assert all(getattr(f, vllm_plugin.MARK, False) for f in first)
@@ -290,3 +293,39 @@ def test_recovered_token_fix_passes_through_and_refuses_fp64(monkeypatch):
     assert calls == [((1, 2), True)]
     with pytest.raises(NotImplementedError, match="use_fp64_gumbel"):
         kernel(1, 2, NO_DRAFT_PROBS=True, USE_FP64_GUMBEL=True)
+
+
+def test_vllm_defect_f_cpu_moe_torch_path_builds_a_custom_op_per_forward():
+    """What recipe/cpu/vllm_plugin.py fix_moe_silu_entry works around: on an AMX host a float32 MoE takes
+    ``forward_torch``, whose SiLU entry builds a ``SiluAndMul`` CustomOp at each call, and a CustomOp needs a current
+    vLLM config, which a forward does not have (the engine failed its profile run on a Sapphire Rapids host)."""
+    import torch
+    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    recheck = "recipe/cpu/vllm_plugin.py fix_moe_silu_entry (fixed upstream? then drop it)"
+    check_module_source("vllm.model_executor.layers.fused_moe.cpu_fused_moe",
+                        ["MoEActivation.SILU: lambda x: SiluAndMul(compile_native=False).forward_native(x),",
+                         "gate_up = _CPU_MOE_ACT_FN[act](gate_up)"], recheck)
+    check_source("vllm.model_executor.layers.fused_moe.cpu_fused_moe:CPUFusedMOE.check_grouped_gemm",
+                 ["and dtype == torch.bfloat16", 'if supports_amx:\n            return False, "none"'], recheck)
+    vllm_entry = cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU]
+    if vllm_entry.__name__ == "<lambda>":  # a process where the plugin ran holds the fix
+        with pytest.raises(AssertionError, match="vLLM config is not set"):
+            vllm_entry(torch.ones(2, 4))
+
+
+def test_moe_silu_fix_computes_swiglu_without_a_vllm_config(monkeypatch):
+    import torch
+    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    from recipe.cpu import vllm_plugin
+
+    monkeypatch.setitem(cpu_fused_moe._CPU_MOE_ACT_FN, MoEActivation.SILU,
+                        cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU])
+    assert vllm_plugin.fix_moe_silu_entry() is not None
+    assert vllm_plugin.fix_moe_silu_entry() is False  # idempotent
+    x = torch.randn(3, 8)
+    out = cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU](x)
+    torch.testing.assert_close(out, torch.nn.functional.silu(x[:, :4]) * x[:, 4:])
