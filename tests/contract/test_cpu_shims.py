@@ -295,7 +295,7 @@ def test_recovered_token_fix_passes_through_and_refuses_fp64(monkeypatch):
         kernel(1, 2, NO_DRAFT_PROBS=True, USE_FP64_GUMBEL=True)
 
 
-def test_vllm_defect_f_cpu_moe_torch_path_builds_a_custom_op_per_forward():
+def test_vllm_defect_f_cpu_moe_torch_path_builds_a_custom_op_per_forward(monkeypatch):
     """What recipe/cpu/vllm_plugin.py fix_moe_silu_entry works around: on an AMX host a float32 MoE takes
     ``forward_torch``, whose SiLU entry builds a ``SiluAndMul`` CustomOp at each call, and a CustomOp needs a current
     vLLM config, which a forward does not have (the engine failed its profile run on a Sapphire Rapids host)."""
@@ -311,6 +311,10 @@ def test_vllm_defect_f_cpu_moe_torch_path_builds_a_custom_op_per_forward():
                  ["and dtype == torch.bfloat16", 'if supports_amx:\n            return False, "none"'], recheck)
     vllm_entry = cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU]
     if vllm_entry.__name__ == "<lambda>":  # a process where the plugin ran holds the fix
+        import vllm.config.vllm as vllm_config
+
+        monkeypatch.setattr(vllm_config, "_current_vllm_config", None)  # as in a forward: no config current
+        vllm_config.get_cached_compilation_config.cache_clear()
         with pytest.raises(AssertionError, match="vLLM config is not set"):
             vllm_entry(torch.ones(2, 4))
 
@@ -324,7 +328,7 @@ def test_moe_silu_fix_computes_swiglu_without_a_vllm_config(monkeypatch):
 
     monkeypatch.setitem(cpu_fused_moe._CPU_MOE_ACT_FN, MoEActivation.SILU,
                         cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU])
-    assert vllm_plugin.fix_moe_silu_entry() is not None
+    assert vllm_plugin.fix_moe_silu_entry() is True
     assert vllm_plugin.fix_moe_silu_entry() is False  # idempotent
     x = torch.randn(3, 8)
     out = cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU](x)
