@@ -39,8 +39,8 @@ and pinned by ``tests/contract/test_cpu_shims.py``:
    ``forward_torch``, whose SiLU entry in ``_CPU_MOE_ACT_FN`` builds a ``SiluAndMul`` CustomOp at every forward;
    outside the model's construction no vLLM config is current, and the engine's first forward (the profile run)
    fails with "Current vLLM config is not set". On hosts without AMX the grouped GEMM runs and the entry is never
-   called. Fix: the entry becomes ``SiluAndMul.forward_native``,
-   the static method the CustomOp calls on the CPU (:func:`fix_moe_silu_entry`).
+   called. Fix: the entry becomes ``SiluAndMul.forward_native``, the static method the CustomOp calls on the CPU
+   (:func:`fix_moe_silu_entry`).
 """
 from __future__ import annotations
 

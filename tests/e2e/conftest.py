@@ -85,7 +85,8 @@ def _multi_turn(name: str, extra: dict, args: tuple = (), slow: dict | None = No
 
 
 # The multi-turn preset as a user runs it (the real calculator, in the sandbox), with checkpoints, killed with
-# SIGKILL mid-epoch after global_step_8 and relaunched: resumption, and whether GRPO teaches the policy to call the tool over 18 steps.
+# SIGKILL mid-epoch after global_step_8 and relaunched: resumption, and whether 18 steps of GRPO teach the policy to
+# call the tool.
 MT_RESUME = {"MULTI_TURN": "1", **CHECKPOINTS, "EXPERIMENT_NAME": "mt-resume"}
 
 
