@@ -49,7 +49,10 @@ def pytest_collection_modifyitems(config, items):
     (tests/e2e/conftest.py) and take longer than everything else, which runs beside them meanwhile. Under pytest-xdist
     (``scripts/test.sh`` runs three workers) they form one group that goes first, to one worker, which starts the
     runs at its first test; the tests that start vLLM engines form a second group, so one worker holds them (one
-    engine's memory at a time, the session's engine shared) while the third runs everything else."""
+    engine's memory at a time, the session's engine shared) while the third runs everything else. The rest is
+    grouped too, by module, and the tests on the session's TransferQueue as one: a module's (or the session's)
+    fixture is then built by one worker, not by each worker that gets one of its tests (the Megatron check's two
+    torchrun launches ran twice, ~4 CPU-minutes; each worker started its own Ray cluster)."""
     for item in items:
         if "vllm_engine" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.engine)
@@ -65,14 +68,21 @@ def pytest_collection_modifyitems(config, items):
 
     rank = {}
     for item in items:
-        group = "e2e" if _is_e2e(item) else "engine" if _uses_an_engine(item) else None
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-            # pytest-xdist 3.8 names the group in the id through ``_nodeid``, which pytest 9 no longer reads (the id
-            # is ``_id``): without this every test is its own unit and each worker would start the e2e runs
-            item._id = coerce_node_id(f"{item.nodeid}@{group}")
+        group = "e2e" if _is_e2e(item) else "engine" if _uses_an_engine(item) else _rest_group(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        # pytest-xdist 3.8 names the group in the id through ``_nodeid``, which pytest 9 no longer reads (the id
+        # is ``_id``): without this every test is its own unit and each worker would start the e2e runs
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
         rank[item] = {"e2e": 0, "engine": 1}.get(group, 2)
     items.sort(key=rank.__getitem__)
+
+
+def _rest_group(item) -> str:
+    """``tq`` for the tests on the session's TransferQueue (one Ray cluster), else the module (``core/test_x``)."""
+    if "tq_cluster" in getattr(item, "fixturenames", ()):
+        return "tq"
+    path = Path(str(item.fspath)).resolve()
+    return path.relative_to(Path(__file__).resolve().parent).with_suffix("").as_posix()
 
 
 @pytest.fixture(scope="session")

@@ -103,16 +103,6 @@ def _baseline(launcher: Launcher) -> Run:
     return launcher.run("baseline", {"BASELINE_NO_RESAMPLE": "1", **CHECKPOINTS, **RANDOM_MODEL, **SPECULATIVE})
 
 
-def _continue(launcher: Launcher) -> Run:
-    dumps = launcher.base / "os-continue" / "rollouts"
-    run = launcher.run("os-continue", {**OVER_SAMPLE, "OVER_SAMPLE_REQUEUE": "continue",
-                                       "VLLM_ROLLOUT_EARLY_STOP_ENABLE": "0", "ROLLOUT_SCHEDULING_POLICY": "priority"},
-                       args=(f"trainer.total_training_steps={OVER_SAMPLE_STEPS}", "recipe.over_sample.abort_events=1",
-                             f"trainer.rollout_data_dir={dumps}"), experiment="cpu-grpo-resampler-nocap-os")
-    run.dumps = dumps
-    return run
-
-
 def _restart_without_sync(launcher: Launcher):
     """The control driver's command is composed here, in the main thread (the preflight composes verl's config with
     Hydra, whose global state the session's other tests use); the run itself starts later, in a pool thread."""
@@ -135,7 +125,7 @@ def _restart_without_sync(launcher: Launcher):
 # (:func:`_build_trained_model`), then the longest of the rest (the multi-turn resume run is two launches).
 JOBS = {"resampler_run": lambda launcher: _resampler, "baseline_run": lambda launcher: _baseline,
         "restart_without_sync_run": _restart_without_sync,
-        "multi_turn_resume_run": lambda launcher: _multi_turn_resume, "continue_run": lambda launcher: _continue,
+        "multi_turn_resume_run": lambda launcher: _multi_turn_resume,
         "multi_turn_os_run": _multi_turn("mt-os", {"OVER_SAMPLE_ENABLE": "1", "OVER_SAMPLE_RATIO": "0.25",
                                                    "OVER_SAMPLE_REQUEUE": "continue",
                                                    "ROLLOUT_SCHEDULING_POLICY": "priority"},
@@ -256,17 +246,6 @@ def resampler_run() -> Run:
 def baseline_run() -> Run:
     """The fair baseline arm: verl's seeded random order, no cap, everything else as the resampler run."""
     return _result("baseline_run")
-
-
-@pytest.fixture(scope="session")
-def continue_run() -> Run:
-    """Over-sample ``continue`` (partial rollout) through the main command, without a cap as the off-policy ``best``
-    policy runs (a resumed response already past the next step's cap would be trained as it is, never continued),
-    and with vLLM priority scheduling, which admits the resumed groups first: under FCFS their requests reach vLLM
-    after the fresh ones (each first reads its partial from TransferQueue) and often lose the next race too. verl
-    dumps the trained text of every step (``trainer.rollout_data_dir``, ``run.dumps``) and the driver writes one
-    event per aborted group."""
-    return _result("continue_run")
 
 
 @pytest.fixture(scope="session")

@@ -110,17 +110,20 @@ def test_over_sample_settles_without_waiting_for_tools_and_trains_every_prompt_o
 def test_continue_resumes_aborted_trajectories_where_they_were_cut(multi_turn_os_run):
     """Each trajectory of a group aborted in ``continue`` mode is trained next step as the trajectory it was cut
     with, followed by the rest (verl's dump of the trained text starts with the aborted text, tool replies included:
-    they are kept, not asked again): the finished ones as they were, the cut ones grown. And the run's tool-call
-    counts match the tool replies in the trained text."""
+    they are kept, not asked again): the finished ones as they were, the cut ones grown; a trained group with a
+    resumed trajectory spans two policy versions (verl's weights reached vLLM between its cut and its resume). And
+    the run's tool-call counts match the tool replies in the trained text."""
     run = multi_turn_os_run
     events = run.abort_events()
     traces, metrics = run.traces(), run.metrics()
     aborted_at = {(e["step"], e["dataset_item_idx"]) for e in events}
     groups = grown = grown_after_reply = 0
+    spanning = set()
     for event in events:
         step, row = event["step"], event["dataset_item_idx"]
         if not event["resumes_next"] or step + 1 not in traces or (step + 1, row) in aborted_at:
             continue  # the last step, or lost again (its one resume used: it restarts)
+        spanning.add(step + 1)
         trained = [json.loads(line) for line in (run.dumps / f"{step + 1}.jsonl").read_text().splitlines()]
         for session in event["sessions"]:
             match = [t for t in trained
@@ -136,6 +139,9 @@ def test_continue_resumes_aborted_trajectories_where_they_were_cut(multi_turn_os
           "after a tool reply)")
     assert grown, "no aborted trajectory was resumed and continued"
     assert sum(m["rollout/over_sample/resumed_groups"] for m in metrics.values()) >= groups
+    assert spanning and all(metrics[s]["training/off_policy/trajectory_spans/max"] == 2 for s in spanning), \
+        {s: metrics[s]["training/off_policy/trajectory_spans/max"] for s in spanning}
+    assert all(metrics[s]["rollout/over_sample/resumed_groups"] > 0 for s in spanning)
     for step, rec in traces.items():
         outputs = [json.loads(line)["output"] for line in (run.dumps / f"{step}.jsonl").read_text().splitlines()]
         replies = sorted(o.count("<tool_response>") for o in outputs)
