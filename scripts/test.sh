@@ -11,7 +11,8 @@ source scripts/lib/cpu_env.sh
 # Three pytest-xdist workers (tests/conftest.py): one holds the end-to-end launches, one the vLLM engines, one the rest.
 # RECIPE_TEST_WORKERS=0, or -n or -p no:xdist in the arguments, runs as given instead.
 workers="${RECIPE_TEST_WORKERS:-3}"
-xdist=(-n "$workers" --dist loadgroup)
+# --no-loadscope-reorder: the groups go out in the order tests/conftest.py sorts them (the e2e launches first).
+xdist=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
 [[ "$workers" == 0 ]] && xdist=()
 for arg in "$@"; do
     case "$arg" in -n | -n[0-9]* | --numprocesses* | no:xdist) xdist=() ;; esac

@@ -110,9 +110,10 @@ def test_over_sample_settles_without_waiting_for_tools_and_trains_every_prompt_o
 def test_continue_resumes_aborted_trajectories_where_they_were_cut(multi_turn_os_run):
     """Each trajectory of a group aborted in ``continue`` mode is trained next step as the trajectory it was cut
     with, followed by the rest (verl's dump of the trained text starts with the aborted text, tool replies included:
-    they are kept, not asked again): the finished ones as they were, the cut ones grown; a trained group with a
-    resumed trajectory spans two policy versions (verl's weights reached vLLM between its cut and its resume). And
-    the run's tool-call counts match the tool replies in the trained text."""
+    they are kept, not asked again): the finished ones as they were, the cut ones grown; a trained group in which a
+    cut trajectory grew spans two policy versions (verl's weights reached vLLM between its cut and its resume; a
+    group whose trajectories all stood at their budget when it was aborted has nothing left to generate and spans
+    one). And the run's tool-call counts match the tool replies in the trained text."""
     run = multi_turn_os_run
     events = run.abort_events()
     traces, metrics = run.traces(), run.metrics()
@@ -123,7 +124,6 @@ def test_continue_resumes_aborted_trajectories_where_they_were_cut(multi_turn_os
         step, row = event["step"], event["dataset_item_idx"]
         if not event["resumes_next"] or step + 1 not in traces or (step + 1, row) in aborted_at:
             continue  # the last step, or lost again (its one resume used: it restarts)
-        spanning.add(step + 1)
         trained = [json.loads(line) for line in (run.dumps / f"{step + 1}.jsonl").read_text().splitlines()]
         for session in event["sessions"]:
             match = [t for t in trained
@@ -134,6 +134,7 @@ def test_continue_resumes_aborted_trajectories_where_they_were_cut(multi_turn_os
             if len(match[0]["output"]) > len(partial):
                 grown += 1
                 grown_after_reply += "<tool_response>" in partial
+                spanning |= {step + 1} if session["tokens"] else set()
         groups += 1
     print(f"{groups} groups resumed, {grown} trajectories grown after the resume ({grown_after_reply} of them "
           "after a tool reply)")
