@@ -17,6 +17,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SUPPORT, os.environ.get
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+# the Ray clusters the tests start (TransferQueue's) run their workers at the tests' priority, not Ray's niceness 15
+# (recipe/cpu/preset.py PLATFORM_ENV: starved behind any other CPU load)
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 import pytest  # noqa: E402
 

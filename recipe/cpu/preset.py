@@ -48,6 +48,10 @@ PLATFORM_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
     "VLLM_NO_USAGE_STATS": "1",
+    # Ray starts its workers at niceness 15 (RayConfig worker_niceness): on a CPU every process of the run is a Ray
+    # worker, so any other CPU load at niceness 0 starved it (a launch beside the test suite and one busy process
+    # stalled 9 min with vLLM's worker process at 2 s of CPU in 76 s). The GPU path keeps Ray's default.
+    "RAY_worker_niceness": "0",
 }
 
 # The random flavour, and the base of the other two

@@ -244,6 +244,24 @@ def test_cpu_preset_exports_the_platform_environment(name):
     assert name in PLATFORM_ENV
 
 
+def test_ray_workers_run_at_the_niceness_the_cpu_preset_sets():
+    """Ray starts its worker processes at niceness 15 unless ``RAY_worker_niceness`` says otherwise (read by the
+    raylet from the driver's environment): the CPU preset sets 0, as every process of its run is a Ray worker."""
+    from recipe.cpu.preset import PLATFORM_ENV
+
+    script = ("import os, ray\nray.init(num_cpus=1, include_dashboard=False)\n"
+              "print('niceness', ray.get(ray.remote(lambda: os.nice(0)).remote()))\nray.shutdown()")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
+    seen = {}
+    for name, extra in (("ray", {}), ("preset", {"RAY_worker_niceness": PLATFORM_ENV["RAY_worker_niceness"]})):
+        out = subprocess.run([sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen[name] = int(out.stdout.split("niceness", 1)[1].split()[0])
+    base = os.nice(0)  # Ray adds its niceness to the driver's (a niced test run starts from there)
+    assert seen == {"ray": min(base + 15, 19), "preset": base}
+
+
 def test_vllm_defect_c_expand_shim_writes_into_a_temporary():
     """vLLM CPU's expand shim still hands its kernel an int64 copy of the (float) output, the CPU runner still binds
     the module attribute the plugin replaces, and it does so after the plugins ran (vLLM #55005; behaviour:
