@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config, items):
     engine's memory at a time, the session's engine shared) while the third runs everything else. The rest is
     grouped too, by module, and the tests on the session's TransferQueue as one: a module's (or the session's)
     fixture is then built by one worker, not by each worker that gets one of its tests (the Megatron check's two
-    torchrun launches ran twice, ~4 CPU-minutes; each worker started its own Ray cluster)."""
+    torchrun launches ran twice and each worker started its own Ray cluster: ~2 CPU-minutes)."""
     for item in items:
         if "vllm_engine" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.engine)
