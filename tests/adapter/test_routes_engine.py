@@ -76,6 +76,7 @@ def tool_records(tool_route_records):
     return recs, {path: model_routes(model, r.prompt + r.response)[0] for path, r in recs.items()}
 
 
+@pytest.mark.trained_model
 def test_multi_turn_routes_cover_tool_replies_and_every_trained_token(tool_records):
     """verl's loop keeps the last turn's routes: its prefill covered the earlier turns and the tool replies (mask 0),
     so every trained token of every turn is routed as the model routes it; a trajectory handed back from the store

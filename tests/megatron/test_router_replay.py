@@ -131,6 +131,7 @@ def tool_rows(tmp_path_factory, tool_route_records):
     return {r["step"]: r for r in json.loads((work / "rows.json").read_text())}
 
 
+@pytest.mark.trained_model
 def test_multi_turn_trajectories_replay_as_vllm_routed(tool_rows):
     """Tool replies (outside the loss) sit between the assistant turns: their routes come from the next turn's
     prefill; replayed, every route of the trajectory is vLLM's, also for the one handed back from the store."""

@@ -121,6 +121,7 @@ def test_the_sandbox_memory_bound_is_stated(monkeypatch):
     assert len(errors) == 1 and "more than the 25%" in errors[0]
 
 
+@pytest.mark.trained_model
 @pytest.mark.parametrize("extra, model, data, reward, response", [
     ({}, "qwen3moe-sft-", "countdown-train", "math_reward.py", 160),
     ({"CPU_MODEL": "random"}, "qwen3moe-v", "train-n48", "smoke_reward.py", 32),

@@ -23,7 +23,7 @@ and 8652, and the estimate falls to 1.04 (z = 69).
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.trained_model]
 
 K, LOOKUP = 4, (1, 3)
 MAX_BATCH, BIG = 16, 64

