@@ -79,12 +79,14 @@ def pytest_collection_modifyitems(config, items):
         item._id = coerce_node_id(f"{item.nodeid}@{group}")
     # xdist hands out groups in this order (scripts/test.sh passes --no-loadscope-reorder: its own order, the
     # largest group first, sent the e2e group behind a dozen larger modules, and its launches started 8 min late).
-    # The tests on the trained tiny model go after the rest of their worker's: in a fresh clone it takes ~8
-    # CPU-minutes to build, and a worker that reached one early sat waiting for it (10 min, one CI rehearsal)
+    # The tests on the trained tiny model go first in their worker: in a fresh clone that model's build (one thread,
+    # ~8 CPU-minutes) is the critical path, as the multi-turn launches wait for it; a worker waiting for it leaves
+    # the build the CPU. Sent last, the other tests ran beside the build, it took 22 min, and the suite then waited.
     size = Counter(groups.values())
     trained = {groups[item] for item in items if _uses_the_trained_model(item)}
     items.sort(key=lambda item: ({"e2e": 0, "engine": 1}.get(groups[item], 2),
-                                 _uses_the_trained_model(item) if groups[item] == "engine" else groups[item] in trained,
+                                 not (_uses_the_trained_model(item) if groups[item] == "engine"
+                                      else groups[item] in trained),
                                  -size[groups[item]]))
 
 
