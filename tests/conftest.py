@@ -20,6 +20,12 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 # the Ray clusters the tests start (TransferQueue's) run their workers at the tests' priority, not Ray's niceness 15
 # (recipe/cpu/preset.py PLATFORM_ENV: starved behind any other CPU load)
 os.environ.setdefault("RAY_worker_niceness", "0")
+# vLLM's CPU sampler is compiled by torch even in eager mode (compiled_random_sample), and each engine start first
+# probes the CPU's vector ISAs by building and loading a library in four `python -c "import torch ..."` subprocesses
+# (measured: 9.3 CPU-s of a ~120 CPU-s 2-step launch, and as much for each engine a test starts). Inductor still uses
+# only the ISAs /proc/cpuinfo reports; without the probe, a compiler unable to build one fails the compile loudly
+# instead of falling back to a narrower ISA.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import pytest  # noqa: E402
 

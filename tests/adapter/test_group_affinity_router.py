@@ -6,6 +6,7 @@ import pytest
 
 from recipe.adapter.router import GroupAffinityLoadBalancer, choose_server, group_key
 from recipe.preflight.overrides import GROUP_AFFINITY_ROUTER
+from harness.cpu_runs import CPU_RANDOM
 
 
 def test_choose_server():
@@ -96,10 +97,10 @@ def test_the_knob_sets_verls_router_config_path():
     from recipe.preflight import run_preflight
 
     key = "actor_rollout_ref.rollout.router_config_path="
-    on = run_preflight(env={"PRESET": "cpu", "CPU_MODEL": "random", "ROLLOUT_GROUP_AFFINITY": "1"})
+    on = run_preflight(env={**CPU_RANDOM, "ROLLOUT_GROUP_AFFINITY": "1"})
     assert on.ok, on.errors
     assert [o for o in on.overrides if o.startswith(key)] == [f"{key}'{GROUP_AFFINITY_ROUTER}'"]
-    off = run_preflight(env={"PRESET": "cpu", "CPU_MODEL": "random"})
+    off = run_preflight(env=CPU_RANDOM)
     assert off.ok and not [o for o in off.overrides if o.startswith(key)], "off by default"
 
 

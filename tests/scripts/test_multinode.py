@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from recipe.preflight import run_preflight
 from recipe.preflight.overrides import actor_pythonpath
+from harness.cpu_runs import CPU_RANDOM
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -83,7 +84,7 @@ def test_connections_value_comes_from_the_environment(env_30b):
 
 def test_cpu_preset_gets_pythonpath_but_not_the_megatron_setting(tmp_path):
     """verl: FSDP must not run with CUDA_DEVICE_MAX_CONNECTIONS=1; only the Megatron configs send it."""
-    report = run_preflight([], {"PRESET": "cpu", "CPU_MODEL": "random", "CKPT_ROOT": str(tmp_path), "PYTHONPATH": ""})
+    report = run_preflight([], {**CPU_RANDOM, "CKPT_ROOT": str(tmp_path), "PYTHONPATH": ""})
     assert report.ok, report.errors
     env_vars = OmegaConf.to_container(report.config.ray_kwargs.ray_init.runtime_env.env_vars)
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env_vars

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from recipe.preflight import format_report, run_preflight
+from harness.cpu_runs import CPU_RANDOM
 
 
 def error_with(report, *parts):
@@ -220,7 +221,7 @@ def test_tail_cut_contradictions_name_both_switches(env_30b):
 def test_cpu_preset_keeps_seeded_requests_out_of_chunked_prefill(tmp_path):
     """vLLM CPU crashes on a chunked prefill of a seeded request (found by the e2e over-sample run): the CPU config
     prefills whole prompts, and turning chunked prefill back on with the preset's sampling seed is refused."""
-    env = {"PRESET": "cpu", "CPU_MODEL": "random", "CKPT_ROOT": str(tmp_path)}
+    env = {**CPU_RANDOM, "CKPT_ROOT": str(tmp_path)}
     report = run_preflight([], env)
     assert report.ok, report.errors
     assert report.config["actor_rollout_ref"]["rollout"]["enable_chunked_prefill"] is False

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from recipe.preflight import format_report, run_preflight
 from recipe.preflight.router_replay import routing_memory_note
+from harness.cpu_runs import CPU_RANDOM
 
 ARR = "actor_rollout_ref"
 MEG = f"{ARR}.actor.megatron"
@@ -80,7 +81,7 @@ def test_other_modes_compose_both_keys_and_get_their_own_run_dir(env_30b, mode, 
 
 
 def test_cpu_preset_defaults_to_off_and_has_no_megatron_key(tmp_path):
-    report = run_preflight([], {"PRESET": "cpu", "CPU_MODEL": "random", "CKPT_ROOT": str(tmp_path)})
+    report = run_preflight([], {**CPU_RANDOM, "CKPT_ROOT": str(tmp_path)})
     c = resolved(report)
     assert report.values["ROUTER_REPLAY"] == "off"
     assert sel(c, ROLLOUT_KEY) is False and sel(c, f"{MEG}.router_replay") is None
@@ -95,13 +96,13 @@ def test_a_dense_model_defaults_to_off(env_30b, dense_dir):
 # ---- what verl or vLLM cannot serve ------------------------------------------------------------------------------
 
 def test_cpu_preset_refuses_replay_before_composition(tmp_path):
-    report = run_preflight([], {"PRESET": "cpu", "CPU_MODEL": "random", "CKPT_ROOT": str(tmp_path), "ROUTER_REPLAY": "R3"})
+    report = run_preflight([], {**CPU_RANDOM, "CKPT_ROOT": str(tmp_path), "ROUTER_REPLAY": "R3"})
     error_with(report, "ROUTER_REPLAY=R3 with PRESET=cpu", "FSDP engine", "Unset ROUTER_REPLAY")
     assert report.config is None
 
 
 def test_cpu_preset_refuses_recording_routes_through_an_override(tmp_path):
-    report = run_preflight([f"{ROLLOUT_KEY}=True"], {"PRESET": "cpu", "CPU_MODEL": "random", "CKPT_ROOT": str(tmp_path)})
+    report = run_preflight([f"{ROLLOUT_KEY}=True"], {**CPU_RANDOM, "CKPT_ROOT": str(tmp_path)})
     error_with(report, f"{ROLLOUT_KEY}=True with verl's FSDP engine", "drop the override")
 
 

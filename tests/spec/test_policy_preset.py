@@ -1,5 +1,6 @@
 """POLICY_PRESET=best-onpolicy-spec (recipe/policy_presets.py): the simulator's policy of that name, as variables."""
 from recipe.policy_presets import POLICY_PRESETS, policy_env
+from harness.cpu_runs import CPU_RANDOM
 
 
 def test_the_preset_is_the_simulators_policy():
@@ -26,7 +27,7 @@ def test_explicit_variables_win_and_no_preset_changes_nothing():
 def test_the_preflight_composes_the_preset():
     from recipe.preflight import run_preflight
 
-    report = run_preflight([], {"PRESET": "cpu", "CPU_MODEL": "random", "POLICY_PRESET": "best-onpolicy-spec"})
+    report = run_preflight([], {**CPU_RANDOM, "POLICY_PRESET": "best-onpolicy-spec"})
     assert report.ok, report.errors
     v = report.values
     assert v["ROLLOUT_SPECULATIVE"] == "group" and v["ROLLOUT_GROUP_AFFINITY"] is True and v["TAIL_CUT_ENABLE"] is True

@@ -6,11 +6,9 @@ import pytest
 
 from recipe import rollout_spec
 from recipe.preflight import run_preflight
+from harness.cpu_runs import CPU_RANDOM
 
 KEY = "+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config="
-# the preset with its random model: these checks read the composed config, not the model (built in seconds, where
-# the default trained one takes ~8 CPU-minutes in a fresh clone)
-CPU_RANDOM = {"PRESET": "cpu", "CPU_MODEL": "random"}
 
 
 def values(**kw):

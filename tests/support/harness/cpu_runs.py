@@ -27,6 +27,9 @@ REPO = Path(__file__).resolve().parents[3]
 # first step and 18 to its end, past the 900 s this was.
 RUN_TIMEOUT_S = int(os.environ.get("RECIPE_E2E_RUN_TIMEOUT_S", "1800"))
 MARKER = "RECIPE_E2E_RUN"
+# The CPU preset on its random model, for checks that read the composed config and not the model: built in seconds,
+# where the default trained one takes ~8 CPU-minutes in a fresh clone.
+CPU_RANDOM = {"PRESET": "cpu", "CPU_MODEL": "random"}
 # Ray's own start-up giving up in the driver's ray.init, before verl or the recipe runs: its raylet must register
 # within a fixed 30 s and aborts when its metrics agent is slow to start, which a 2-core machine loaded by the rest
 # of the suite occasionally makes happen (seen once in a fresh-clone .ci/run).
@@ -144,7 +147,8 @@ class Launcher:
         self._lock = threading.Lock()  # a start and the clean-up do not interleave (runs start from pool threads)
 
     def env(self, ckpt_root: Path, marker: str, extra: dict) -> dict:
-        keep = ("HOME", "LANG", "TMPDIR", "PATH", "RECIPE_FIXTURE_CACHE", "RECIPE_VENV")
+        # a user's environment, plus the suite's one setting for this machine (tests/conftest.py: no ISA probe per engine)
+        keep = ("HOME", "LANG", "TMPDIR", "PATH", "RECIPE_FIXTURE_CACHE", "RECIPE_VENV", "TORCHINDUCTOR_VEC_ISA_OK")
         env = {k: v for k, v in os.environ.items() if k in keep}
         # the whole console (verl's lines too: the tests read "Resuming from ..."), unless a run asks for the quiet one
         # the harness for verl's workers (the slow tool is loaded by class path), the checkout's packages first
