@@ -530,7 +530,8 @@ def test_runs_on_uvloop_as_in_rays_async_actors(sandbox):
 def test_removing_a_busy_group_never_blocks_the_event_loop(sandbox, monkeypatch):
     """A run's group that cannot be removed at once (a killed process still dying; played here by rmdir answering
     EBUSY for a second) is removed in the background: the event loop, where the agent loop's other trajectories
-    run, keeps ticking (the old ``remove`` slept up to 2 s on it per cancelled run), and the group goes."""
+    run, keeps ticking while the group is busy (the old ``remove`` slept up to 2 s on it per cancelled run, with no
+    tick in between), and the group goes. Ticks, not a gap bound: a loaded machine alone left a 0.54 s gap once."""
     ours = f"recipe-sandbox-{os.getpid()}-"
     real_rmdir, busy_until = os.rmdir, []
 
@@ -543,16 +544,15 @@ def test_removing_a_busy_group_never_blocks_the_event_loop(sandbox, monkeypatch)
 
     monkeypatch.setattr(os, "rmdir", busy_rmdir)
     host = cgroup.host_cgroups()
+    ticks = []
 
     async def scenario():
-        gaps, last, stop = [], [time.monotonic()], asyncio.Event()
+        stop = asyncio.Event()
 
         async def ticker():
             while not stop.is_set():
                 await asyncio.sleep(0.01)
-                now = time.monotonic()
-                gaps.append(now - last[0])
-                last[0] = now
+                ticks.append(time.monotonic())
 
         t = asyncio.ensure_future(ticker())
         r = await sandbox.run("print(1)")
@@ -562,11 +562,12 @@ def test_removing_a_busy_group_never_blocks_the_event_loop(sandbox, monkeypatch)
             await asyncio.sleep(0.05)
         stop.set()
         await t
-        return r, max(gaps)
+        return r
 
-    r, worst = asyncio.run(scenario())
+    r = asyncio.run(scenario())
     assert r.ok and busy_until, r  # the group was busy when the run ended
-    assert worst < 0.5, worst  # nothing slept on the loop for the second the group stayed busy
+    busy = [t for t in ticks if busy_until[0] - 1.0 < t < busy_until[0]]
+    assert len(busy) >= 5, busy  # the loop ran on through the second the group stayed busy (~90 ticks when idle)
 
 
 def test_argv_has_every_isolation_flag(sandbox):
