@@ -1,15 +1,14 @@
-"""The on-policy speed-up of the group drafter (``ROLLOUT_SPECULATIVE=group``) in the simulator with every cost
-charged (issue 34 item 4): its measured CPU time per emitted token, group affinity's load imbalance (whole groups
-routed to one replica), PIECEWISE CUDA graphs on every step (drafts of 0..K tokens per request), async scheduling
-off, and the history the engine can reach (``recipe/sim/corpus_limits.py``) next to the unlimited one.
+"""The on-policy speed-up of the group drafter (``ROLLOUT_SPECULATIVE=group``) in the simulator with every cost charged
+(issue 34 item 4): its measured CPU time per emitted token, group affinity's load imbalance (the router's homes,
+per-request guard and splits, ``recipe/sim/routing.py``), PIECEWISE CUDA graphs on every step (drafts of 0..K tokens per
+request), async scheduling off, and the history the engine can reach (``recipe/sim/corpus_limits.py``) next to the
+unlimited one.
 
-Acceptance (tokens per target step, flat over the response; draft tokens per step from the estimator's rows,
-``bench/RESULTS.md``): public code only (CodeT's HumanEval samples, CodeGen-16B, T=0.8; the data stay outside the
-repository, so the figures are constants here with their sources): the drafter itself replayed as vLLM runs it
-(``bench/group_drafter.py``, depth 8): own + group 1.514 (a first epoch), own + group + history 1.941; ngram 1-3
-1.311. No sampled math reasoning could be had on this machine (no dataset hub; none ships on PyPI that we found): the
-``what-if`` rows take issue 34's own + group figure on math (1.9-2.0, measured where the data were, not here) and
-are labelled so.
+Acceptance (tokens per target step, flat over the response, and draft tokens per step) from the files in
+``recipe/sim/curves`` (each names what was measured where): public code (CodeT's HumanEval samples, CodeGen-16B,
+T=0.8; the samples stay outside the repository), the drafter replayed as vLLM runs it (``bench/group_drafter.py``,
+depth 8): own + group (a first epoch), own + group + history, ngram 1-3; and held-out sampled math as issue 43
+reports it (own + group, no history; measured outside this repository).
 
 Policies: ``best-onpolicy-spec`` (tail cut at the truncation budget, longest-first, drafting at every step) against
 ``tailcut-budget-spec-off`` (the same without speculation); speed-ups over ``baseline`` (verl's random order),
@@ -19,6 +18,7 @@ Reproduce: ``.venv/bin/python bench/group_drafter_sim.py`` (~4 min on 2 shared c
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -33,8 +33,20 @@ from recipe.sim.corpus_limits import EngineLimits, engine_tokens_per_step  # noq
 from recipe.sim.speculation import AcceptanceCurve, SpecCost  # noqa: E402
 
 COMMAND = ".venv/bin/python bench/group_drafter_sim.py"
-OWN_GROUP, HISTORY, NGRAM = (1.514, 2.68), (1.941, 3.27), (1.311, 2.15)  # (tokens per step, draft tokens per step)
-MATH_OWN_GROUP = (1.95, 2.68)  # issue 34's own + group on sampled math (not measured here); drafts as on code
+CURVES = ROOT / "recipe" / "sim" / "curves"
+
+
+def summary(file: str, drafter: str) -> tuple[float, float]:
+    """(tokens per step, draft tokens per step) of ``drafter`` in ``recipe/sim/curves/<file>``."""
+    c = AcceptanceCurve.from_report(json.loads((CURVES / file).read_text()), drafter)
+    return c.tau[0], c.drafted[0]
+
+
+CODE, MATH = "code-humaneval-codet.json", "math-heldout-issue43.json"
+OWN_GROUP = summary(CODE, "suffix:own+group:k=4:depth=8:min=1")
+HISTORY = summary(CODE, "suffix:own+group+history:k=4:depth=8:min=1")
+NGRAM = summary(CODE, "ngram:k=4:min=1:max=3")
+MATH_SETS = [summary(MATH, f"suffix:own+group:k=4:depth=8:min=1:set={i}") for i in (1, 2)]
 GROUP_S_PER_TOKEN = 1.0e-6  # bench/group_drafter_cost.py: 0.7-1.0 us at 250-8000-token prompts
 OLD_S_PER_TOKEN = 11e-6  # the Python corpus before issue 34 (bench/group_drafter.py, ~130-token code prompts)
 
@@ -61,9 +73,8 @@ def main() -> int:
          cost(engine, affinity=False)),
         (f"group before issue 34: 11 us per token, no affinity or graph charge ({HISTORY[0]})", HISTORY,
          cost(HISTORY, cpu=OLD_S_PER_TOKEN, affinity=False, ragged=False)),
-        (f"what-if, math: own + group at issue 34's {MATH_OWN_GROUP[0]} (first epoch, not measured here)",
-         MATH_OWN_GROUP, cost(MATH_OWN_GROUP)),
-    ]
+    ] + [(f"math, own + group, no history, set {i + 1} ({m[0]}; as issue 43 reports it, not measured here)", m,
+           cost(m)) for i, m in enumerate(MATH_SETS)]
     print(f"Reproduce: `{COMMAND}`. Speed-up over `baseline`, epochs 1-3, mean of seeds 0-2, {GPU}; all rows but the "
           "first run `best-onpolicy-spec` (the tail cut's order and cut, drafting at every step).\n")
     print("| drafter (tokens per step) | " + " | ".join(SHAPES) + " |")

@@ -97,7 +97,7 @@ def run_limits(run: Run) -> EngineLimits:
     gpus = num("trainer.nnodes", 1) * num("trainer.n_gpus_per_node", 0)
     engines = gpus // tp if tp and gpus >= tp else d.engines
     router = str(v.get("actor_rollout_ref.rollout.router_config_path") or "")
-    home = d.home if router.endswith("group_affinity.yaml") or not v else 1 / engines
+    home = None if router.endswith("group_affinity.yaml") or not v else 1 / engines  # None: the router's model
     return EngineLimits(prompts=d.prompts, n=num("actor_rollout_ref.rollout.n", d.n),
                         batch=num("data.train_batch_size", d.batch), engines=engines,
                         kept=num(f"{SPEC_KEY}.suffix_decoding_max_cached_requests", d.kept), home=home)

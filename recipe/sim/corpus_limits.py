@@ -5,8 +5,10 @@ one corpus, unlimited. The engine (``ROLLOUT_SPECULATIVE=group``, ``recipe/draft
 engine and at most ``kept`` finished texts in it (``ROLLOUT_SPECULATIVE_SUFFIX_CACHED``, FIFO), and a group finds its
 prompt's previous group only
 
-- where the router sent it home (``recipe/adapter/router.py``: ~95.7% of groups at the users' scale, the rest moved
-  by the load guard; ``bench/group_affinity.py --placement``; 1/engines for a router that does not keep homes), and
+- where the router sent it to an engine that ran the prompt before (``recipe/adapter/router.py``: homes, and a load
+  guard that moves or splits a group; ``recipe.sim.routing.home_share`` models it at the run's prompts, n, batch and
+  engines: ~94% of a later epoch's responses at the users' scale; 1/engines for a router that does not keep homes),
+  and
 - while that group is still in the engine's corpus. The corpus keeps each prompt's latest group (n texts) and at
   most ``kept`` finished texts in all: when ``kept / n`` covers the engine's share of the prompts, every home
   prompt's history lasts until it comes back; otherwise the oldest go first, an engine finishes ``batch * n /
@@ -16,34 +18,44 @@ prompt's previous group only
 
 The rest draft from their own context and running group only, so the engine's tokens per step is the mix of the
 estimator's own + group and own + group + history figures at that share (:func:`engine_tokens_per_step`). Left out:
-a history older than one epoch (the walk uses every recorded epoch; the engine keeps at most what fits), and a
-group split by the guard mid-way (its siblings then share a corpus only in part).
+a history older than one epoch (the walk uses every recorded epoch; the engine keeps at most what fits), and the
+running siblings a split group loses (its own + group figure is taken whole).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-HOME_SHARE = 0.957  # bench/group_affinity.py --placement, stable+guard, reference trace, 17.4k prompts, 4 replicas
+from .routing import home_share
+
+
+@lru_cache(maxsize=16)
+def router_home(prompts: int, n: int, batch: int, engines: int) -> float:
+    """Share of a later epoch's responses the router sends where their prompt ran before (``recipe.sim.routing``)."""
+    return round(home_share(prompts, n, batch, engines)["history"], 4)
 
 
 @dataclass(frozen=True)
 class EngineLimits:
     """The run's scale: ``prompts`` in the dataset, ``n`` responses each, ``batch`` prompts a step, ``engines`` vLLM
-    engines (replicas), ``kept`` finished texts per engine, ``home`` the share of groups routed to their prompt's
-    previous engine. Defaults: the users' scale (DAPO-Math-17k de-duplicated, 2 x 8 GPUs as 4 x TP4, the preflight's
-    defaults for group)."""
+    engines (replicas), ``kept`` finished texts per engine, ``home`` the share of responses routed to an engine that ran
+    their prompt before (None: the recipe's router at this scale, ``router_home``). Defaults: the users' scale
+    (DAPO-Math-17k de-duplicated, 2 x 8 GPUs as 4 x TP4, the preflight's defaults for group)."""
 
     prompts: int = 17408
     n: int = 16
     batch: int = 32
     engines: int = 4
     kept: int = 80000
-    home: float = HOME_SHARE
+    home: float | None = None
 
     def __post_init__(self):
-        if min(self.prompts, self.n, self.batch, self.engines) < 1 or self.kept < 0 or not 0 <= self.home <= 1:
+        if min(self.prompts, self.n, self.batch, self.engines) < 1 or self.kept < 0 or not 0 <= (self.home or 0) <= 1:
             raise ValueError(f"engine limits need prompts, n, batch, engines >= 1, kept >= 0 and home in [0, 1]: "
                              f"{self}")
+        if self.home is None:
+            object.__setattr__(self, "home", router_home(self.prompts, self.n, min(self.batch, self.prompts),
+                                                         self.engines))
 
     @property
     def history_steps(self) -> float:

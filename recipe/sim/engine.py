@@ -66,6 +66,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .routing import route_requests
+
 MIB = 2**20
 GIB = 2**30
 GPU_MEMORY_BYTES = {"h100": 81559 * MIB, "h200": 143771 * MIB}  # total memory as nvidia-smi reports it
@@ -141,21 +143,6 @@ def assign_by_predicted(predicted, replicas: int, rng: np.random.Generator) -> n
         out[i] = k
         load[k] += x
     return out
-
-
-def assign_groups(groups, replicas: int, rng: np.random.Generator) -> np.ndarray:
-    """Replica of each request in submission order under group affinity (``recipe/adapter/router.py``): a group's
-    first request to the least in-flight replica (random ties), its siblings after it."""
-    groups = np.asarray(groups)
-    first, inverse, sizes = np.unique(groups, return_index=True, return_inverse=True, return_counts=True)[1:]
-    load = np.zeros(replicas)
-    tie = rng.random((len(first), replicas))
-    where = np.empty(len(first), np.int64)
-    for g in np.argsort(first, kind="stable"):  # groups in the order their first request arrives
-        k = int(np.lexsort((tie[g], load))[0])
-        where[g] = k
-        load[k] += sizes[g]
-    return where[inverse.ravel()]
 
 
 def fifo_starts(lengths: np.ndarray, slots: int) -> np.ndarray:
@@ -369,7 +356,8 @@ def simulate_step(lengths, p: EngineParams, rng: np.random.Generator, context0=N
     """Time one step whose requests (in submission order) generate ``lengths`` tokens each, starting from
     ``context0`` tokens of context (default: the prompt). ``priority`` (lower first, vLLM's convention) switches
     the replicas to priority scheduling; ``placement="predicted_tokens"`` routes by ``predicted`` outstanding
-    tokens instead of verl's least in-flight count, ``placement="group"`` whole ``groups`` (group affinity).
+    tokens instead of verl's least in-flight count, ``placement="group"`` by ``groups`` (each request's dataset row)
+    as the recipe's group-affinity router does (``recipe.sim.routing``: homes, the per-request guard, its splits).
     ``speculation`` (``recipe.sim.speculation.Speculation``): draft
     and verify by its schedule, each segment's decode time scaled by its factor."""
     lengths = np.asarray(lengths, dtype=np.int64).ravel()
@@ -380,7 +368,7 @@ def simulate_step(lengths, p: EngineParams, rng: np.random.Generator, context0=N
     elif placement == "group":
         if groups is None:
             raise ValueError("placement 'group' needs the group of every request")
-        replica = assign_groups(np.asarray(groups).ravel(), p.replicas, rng)
+        replica = route_requests(groups, p.replicas, rng=rng)
     elif placement == "predicted_tokens":
         if predicted is None:
             raise ValueError("placement 'predicted_tokens' needs the predicted tokens of every request")

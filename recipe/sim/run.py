@@ -150,10 +150,10 @@ class ModelExecutor:
         outstanding = np.maximum(plan.expected[:, None] - launch.have, 1.0)[live]  # predicted tokens still to go
         spec = self.speculation(policy)
         placement, groups = policy.spec.placement, None
-        if spec is not None and self.spec_cost.group_affinity:  # the group drafter's router: whole groups
+        if spec is not None and self.spec_cost.group_affinity:  # the group drafter's router (recipe.sim.routing)
             placement = "group"
-        if placement == "group":
-            groups = np.repeat(np.arange(todo.shape[0]), n).reshape(todo.shape)[live]
+        if placement == "group":  # by dataset row: a prompt's home is the same every epoch
+            groups = np.repeat(plan.rows, n).reshape(todo.shape)[live]
         timing = simulate_step(todo[live], self.engine, np.random.default_rng([self.seed, epoch, global_step]),
                                context0=self.engine.prompt_len + launch.have[live], priority=priority,
                                predicted=outstanding, placement=placement, speculation=spec, groups=groups)

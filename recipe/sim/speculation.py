@@ -31,7 +31,7 @@ most ``max_batch`` sequences, none above (``max_batch=None``: always on).
 
 Measured acceptance (issue 24): ``AcceptanceCurve`` is tokens per target step by position in the response, read from
 ``python -m recipe.sim.acceptance --json`` for one drafter and passed as ``SpecCost(curve=...)`` (``bench/
-spec_measured.py``; ``python -m recipe.sim`` takes only a single ``--acceptance-length`` so far); each segment takes
+spec_measured.py``; ``python -m recipe.sim --acceptance-curve FILE --drafter D``); each segment takes
 the value at its sequences' mean position (context minus the prompt), the last bucket's beyond it. That figure
 counts every step, drafted or not, so ``tau`` here is tokens per step over all of a response's steps, and the steps
 where the drafter found nothing verify no draft tokens: the roofline then takes the curve's mean draft tokens per
@@ -113,11 +113,17 @@ class AcceptanceCurve:
     @classmethod
     def from_report(cls, report: dict, drafter: str, source: str = "") -> AcceptanceCurve:
         """From ``python -m recipe.sim.acceptance --json``'s object (or ``bench/acceptance.py --json-out``'s
-        ``drafters``): buckets without steps take the bucket before."""
+        ``drafters``): buckets without steps take the bucket before. An entry without ``by_position`` is a summary
+        (``tokens_per_step`` and ``draft_tokens_per_step``, ``recipe/sim/curves``): held flat."""
         report = report.get("drafters", report)
         if drafter not in report:
             raise ValueError(f"drafter {drafter!r} is not in the acceptance report; it has {sorted(report)}")
         s = report[drafter]
+        if "by_position" not in s:
+            if "tokens_per_step" not in s or "draft_tokens_per_step" not in s:
+                raise ValueError(f"drafter {drafter!r}: a summary entry needs tokens_per_step and "
+                                 "draft_tokens_per_step")
+            return cls((0,), (s["tokens_per_step"],), (s["draft_tokens_per_step"],), source or drafter)
         if not s.get("groups"):
             raise ValueError(f"drafter {drafter!r} has no measurement ({s.get('skipped', 'no groups')})")
         overall_draft = s["draft_tokens"] / s["steps"]
@@ -129,6 +135,16 @@ class AcceptanceCurve:
             dr = b.get("draft_tokens_per_step", overall_draft)
             drafted.append(dr if dr is not None else (drafted[-1] if drafted else overall_draft))
         return cls(tuple(starts), tuple(tau), tuple(drafted), source or drafter)
+
+    def mixed(self, other: AcceptanceCurve, share: float, source: str) -> AcceptanceCurve:
+        """This curve for ``share`` of the tokens and ``other`` for the rest, position by position (the group
+        drafter with history where the engine has it, without elsewhere: ``recipe/sim/corpus_limits.py``)."""
+        if not 0 <= share <= 1:
+            raise ValueError(f"share={share} must lie in [0, 1]")
+        starts = tuple(sorted(set(self.starts) | set(other.starts)))
+        (t1, d1), (t0, d0) = self.at(starts), other.at(starts)
+        return AcceptanceCurve(starts, tuple((share * t1 + (1 - share) * t0).tolist()),
+                               tuple((share * d1 + (1 - share) * d0).tolist()), source)
 
     def at(self, position) -> tuple[np.ndarray, np.ndarray]:
         """(tau, draft tokens per step) at ``position`` (array) in the response."""

@@ -31,3 +31,16 @@ def test_balancer_interface_and_state():
                  ["self._load_balancer.require_acquire_fields.remote()",
                   "fields = {name: extra[name] for name in self._lb_require_acquire_fields if name in extra}"], RECHECK)
     check_source("verl.workers.rollout.llm_server:LLMServerClient.generate", ["prompt_ids=prompt_ids,"], RECHECK)
+
+
+def test_the_pool_comes_in_replica_rank_order():
+    """The router's homes hash the servers' ranks, their places in the pool verl builds it with: the pool must follow
+    the replicas' ranks, not their addresses, for a restart to find the same homes."""
+    manager = "verl.workers.rollout.llm_server:LLMServerManager"
+    check_source(f"{manager}._initialize_llm_servers",
+                 ["replica_rank=start_rank + replica_rank,", "for replica_rank in range(num_replicas)",
+                  "self.server_addresses = [server._server_address for server in self.rollout_replicas]"],
+                 RECHECK + ": GroupAffinityLoadBalancer's ranks")
+    check_source(f"{manager}._init_global_load_balancer",
+                 ["servers=dict(zip(self.server_addresses, self.server_handles, strict=True)),"],
+                 RECHECK + ": GroupAffinityLoadBalancer's ranks")

@@ -35,8 +35,9 @@ def test_default_json_is_the_reference_run():
     assert names == ["baseline", "seed", "best-onpolicy", "tailcut-budget", "best-onpolicy-spec", "best", "oracle"]
     spec = report["speculation"]  # the acceptance length best-onpolicy-spec assumes, and the roofline's inputs
     assert spec["acceptance_length"] == spec["tau"] == 2.04 and {"k", "rho", "t0", "bandwidth", "tp"} <= set(spec)
-    assert "AngelSlim" in spec["acceptance_length_source"]
+    assert "AngelSlim" in spec["acceptance_length_source"] and "published" in spec["acceptance_length_source"]
     g = report["goals"]["onpolicy_spec"]
+    assert g["target_speedup"] == 3.0 and g["at_least_3x"] == (g["speedup"] >= 3.0)
     assert g["strictly_on_policy"] and g["met"] == all(v for k, v in g.items() if isinstance(v, bool) and k != "met")
     assert by_name(report)["best-onpolicy-spec"]["spec"]["speculate"] == "always"
     assert by_name(report)["best-onpolicy-spec"]["max_policy_versions"] == 1
@@ -136,6 +137,13 @@ def test_a_measured_acceptance_curve_replaces_the_published_figure(tmp_path, cap
     assert free["speculation"]["group_affinity"] is True and free["speculation"]["ragged_drafts"] is True
     speed = [by_name(r)["best-onpolicy-spec"]["speedup_vs_baseline"] for r in (free, costly)]
     assert speed[1] < speed[0], speed
+    # the table's summary line names the curve it ran on and today's goal (issue 44: 3x), not an assumed length
+    path.write_text(json.dumps({"source": "four noisy copies", "drafters": json.loads(path.read_text())["drafters"]}))
+    assert main(["--prompts", "64", "--n", "4", "--epochs", "2", "--batch-size", "16", "--policies",
+                 "best-onpolicy-spec", "--acceptance-curve", str(path), "--drafter", name]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("- best-onpolicy-spec"))
+    assert f"from {path}: {name} (four noisy copies)" in line and "tokens per step" in line, line
+    assert "goal (>= 3x" in line and "assumed" not in line and "2.04" not in line, line
     lone = sim("--acceptance-curve", str(path))
     assert lone.returncode != 0 and "--acceptance-curve and --drafter go together" in lone.stderr
     wrong = sim("--acceptance-curve", str(path), "--drafter", "ngram")

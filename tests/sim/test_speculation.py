@@ -204,18 +204,19 @@ def test_ragged_drafts_pay_the_graph_fallback_on_every_step():
     assert g == pytest.approx(f * (1 + flat.sync_penalty + flat.graph_penalty) / (1 + flat.sync_penalty))
 
 
-def test_group_affinity_places_whole_groups_least_loaded():
+def test_group_affinity_places_groups_at_home_as_the_router():
+    """placement="group" routes as recipe/sim/routing.py (tests/sim/test_routing.py checks it against the router):
+    groups at their rows' homes, whole while the guard does not act (8 groups x 4 responses: at most 32 apart)."""
     import numpy as np
 
-    from recipe.sim.engine import EngineParams, assign_groups, simulate_step
+    from recipe.sim.engine import EngineParams, simulate_step
+    from recipe.sim.routing import homes
 
     rng = np.random.default_rng(0)
-    groups = np.repeat(np.arange(8), 4)
-    where = assign_groups(groups, 4, rng)
-    assert all(len(set(where[groups == g])) == 1 for g in range(8))
-    assert sorted(np.bincount(where, minlength=4)) == [8, 8, 8, 8]
+    rows = np.arange(100, 108)
+    groups = np.repeat(rows, 4)
     lengths = np.random.default_rng(1).integers(100, 4000, 32)
     t = simulate_step(lengths, EngineParams(), np.random.default_rng(2), placement="group", groups=groups)
-    assert all(len(set(t.replica[groups == g])) == 1 for g in range(8))
+    assert (t.replica == homes(groups, 4)).all()
     with pytest.raises(ValueError, match="needs the group"):
         simulate_step(lengths, EngineParams(), rng, placement="group")
