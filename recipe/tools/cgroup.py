@@ -8,20 +8,19 @@ included; no swap), ``pids`` (processes and threads), ``cpu`` bandwidth, and CPU
 Only the sandbox joins the group: a ``sh`` in front of bwrap writes its own pid into the group's ``cgroup.procs``
 and then ``exec``s bwrap, so every process of the sandbox is born inside it (no ``preexec_fn``).
 
-cgroup v2's no-internal-process rule: a cgroup that holds processes cannot give its children controllers (EBUSY),
-and the recipe's cgroup holds at least the recipe (a ``systemd-run --scope``, a container's root). So on v2 the
-processes of this cgroup are moved, once, into a leaf below it (:data:`V2_LEAF`); then memory, pids and cpu are
-enabled for its children and each run's group is a sibling of that leaf. A process is never moved anywhere but
-into that leaf below the cgroup it started in, so every limit above still binds it.
+On cgroup v2 the runs' groups need controllers the recipe's cgroup can give only while it holds no process: while
+this process has runs it steps into a leaf of its own below that cgroup, and puts everything back after its last
+(``recipe/tools/cgroup_v2.py``); it never moves another process, and refuses where one shares its cgroup.
 
-:func:`host_cgroups` says whether this works here, or why not (no write access, a missing controller, processes
-that cannot be moved): the caller then refuses to run unless per-process limits are accepted by name.
+:func:`host_cgroups` only reads (and on v1 makes and removes one probe group): it says whether this works here, or
+why not (no write access, a missing controller, another process in the v2 cgroup): the caller then refuses to run
+unless per-process limits are accepted by name.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
+import atexit
 import functools
 import os
 import signal
@@ -30,17 +29,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipe.tools import cgroup_v2
+from recipe.tools.cgroup_v2 import DELEGATE_HINT  # noqa: F401 (bwrap names it in its refusals)
+from recipe.tools.cgroup_v2 import V2_CONTROLLERS, V2Plan
 from recipe.tools.limits import SandboxLimits
 
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
-V2_CONTROLLERS = ("memory", "pids", "cpu")
-V2_LEAF = "recipe-procs"  # where this cgroup's own processes go on v2, so that its children may have controllers
-V2_MOVE_ROUNDS = 20  # processes started into the cgroup while its processes are moved: tries before giving up
 CFS_PERIOD_US = 100_000
-DELEGATE_HINT = ("give the recipe a cgroup v2 subtree of its own: systemd-run --user --scope -p Delegate=yes "
-                 "<command> (a user's), a container with its own cgroup namespace and a writable /sys/fs/cgroup "
-                 "(docker run --cgroupns=private, rootless or root), or on Kubernetes a pod whose container may "
-                 "write its cgroup (docs/tools.md)")
 # bwrap's own processes inside the group: the outer bwrap (it waits for the sandbox) and the pid namespace's init.
 BWRAP_OWN_PROCESSES = 2
 REMOVE_POLL_S = 0.005
@@ -53,13 +48,14 @@ class HostCgroups:
 
     version: str  # "v1" or "v2"
     dirs: tuple[tuple[str, str], ...]  # (controller, this process's cgroup directory); v2: one ("*", dir)
-    moved: int = 0  # v2: processes moved into the leaf V2_LEAF below the cgroup
+    v2: V2Plan | None = None  # v2: what a run needs done in that directory, and undone after
 
     def describe(self) -> str:
         where = ", ".join(f"{c} {d}" if c != "*" else d for c, d in self.dirs)
         what = "memory, processes and CPU time summed over each run's processes"
-        leaf = (f"; this cgroup's processes are in {self.dirs[0][1]}/{V2_LEAF}, the runs' groups beside it"
-                if self.version == "v2" else "")
+        leaf = (f"; while it has runs this process waits in {self.dirs[0][1]}/{cgroup_v2.LEAF_PREFIX}<pid> and "
+                f"{' '.join(self.v2.controllers)} are enabled for the runs, all undone after its last"
+                if self.v2 is not None and self.v2.move_self else "")
         return f"cgroup {self.version} ({what}; runs nested under {where}{leaf})"
 
 
@@ -110,18 +106,14 @@ def _locate(proc_cgroup: str, mountinfo: str, v2_controllers: tuple[str, ...] = 
     return "no cgroup v1 memory/pids/cpu hierarchy and no cgroup v2 mount for this process"
 
 
-def _probe(version: str, dirs: tuple[tuple[str, str], ...], v2_controllers: tuple[str, ...] = V2_CONTROLLERS
-           ) -> str | int:
-    """Make and remove one child group in each directory: the processes moved into the v2 leaf (0 on v1) when that
-    works, else the line saying why not."""
+def _probe(version: str, dirs: tuple[tuple[str, str], ...], v2_controllers: tuple[str, ...]
+           ) -> V2Plan | None | str:
+    """v1: make and remove one child group in each directory; v2: :func:`cgroup_v2.plan`, which only reads. The
+    v2 plan (None on v1) when that works, else the line saying why not."""
+    if version == "v2":
+        return cgroup_v2.plan(dirs[0][1], v2_controllers)
     name = f"recipe-sandbox-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    moved = 0
     for _, d in dirs:
-        if version == "v2":
-            found = delegate_v2(d, v2_controllers)
-            if isinstance(found, str):
-                return found
-            moved = found
         child = os.path.join(d, name)
         try:
             os.mkdir(child)
@@ -131,74 +123,23 @@ def _probe(version: str, dirs: tuple[tuple[str, str], ...], v2_controllers: tupl
             os.rmdir(child)
         except OSError:
             pass
-    return moved
-
-
-def _procs(d: str) -> list[int]:
-    try:
-        return [int(p) for p in Path(d, "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _enable_v2_controllers(d: str, controllers: tuple[str, ...] = V2_CONTROLLERS) -> OSError | None:
-    have = set(Path(d, "cgroup.subtree_control").read_text().split())
-    want = [c for c in controllers if c not in have]
-    if not want:
-        return None
-    try:
-        Path(d, "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in want))
-    except OSError as e:
-        return e
     return None
 
 
-def delegate_v2(d: str, controllers: tuple[str, ...] = V2_CONTROLLERS) -> int | str:
-    """Give the children of cgroup ``d`` the ``controllers``; where ``d`` holds processes (EBUSY: cgroup v2's
-    no-internal-process rule), first move them into the leaf ``d/V2_LEAF``. Returns how many processes were moved,
-    or the line saying why it cannot be done."""
-    e = _enable_v2_controllers(d, controllers)
-    if e is None:
-        return 0
-    if e.errno != errno.EBUSY:
-        return f"cannot enable {', '.join(controllers)} for the children of {d}: {e.strerror}"
-    leaf = os.path.join(d, V2_LEAF)
-    moved = 0
-    try:
-        os.makedirs(leaf, exist_ok=True)
-        for _ in range(V2_MOVE_ROUNDS):
-            left = _procs(d)
-            if not left:
-                break
-            for pid in left:
-                try:
-                    Path(leaf, "cgroup.procs").write_text(str(pid))
-                    moved += 1
-                except ProcessLookupError:
-                    pass  # it exited meanwhile
-    except OSError as e2:
-        return (f"cgroup v2 at {d} holds processes, so its children cannot have {', '.join(controllers)} (the "
-                f"no-internal-process rule), and they cannot be moved into {leaf}: {e2.strerror}: {DELEGATE_HINT}")
-    e = _enable_v2_controllers(d, controllers)
-    if e is not None:
-        return (f"cannot enable {', '.join(controllers)} for the children of {d} after moving its processes into "
-                f"{leaf}: {e.strerror} (still holding {_procs(d)[:5]}): {DELEGATE_HINT}")
-    return moved
-
-
 @functools.lru_cache(maxsize=None)
-def host_cgroups(proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo"
-                 ) -> HostCgroups | str:
-    """This process's cgroups when a run's own group can be made under them, else one line saying why not."""
+def host_cgroups(proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo",
+                 v2_controllers: tuple[str, ...] = V2_CONTROLLERS) -> HostCgroups | str:
+    """This process's cgroups when a run's own group can be made under them, else one line saying why not. Changes
+    nothing (the self-check calls it)."""
     try:
-        found = _locate(proc_cgroup, mountinfo)
+        found = _locate(proc_cgroup, mountinfo, v2_controllers)
         if isinstance(found, str):
             return found
         version, dirs = found
-        moved = _probe(version, dirs)
+        v2 = _probe(version, dirs, v2_controllers)
     except OSError as e:
         return f"cannot read this process's cgroups: {e}"
-    return moved if isinstance(moved, str) else HostCgroups(version, dirs, moved)
+    return v2 if isinstance(v2, str) else HostCgroups(version, dirs, v2)
 
 
 @dataclass
@@ -236,10 +177,14 @@ class RunGroup:
     def __init__(self, host: HostCgroups, name: str):
         self.version = host.version
         self.dirs = {c: os.path.join(d, name) for c, d in host.dirs}
+        self.v2 = host.v2  # held (cgroup_v2.acquire) from create until the group is removed
+        self.owner = os.getpid()  # a forked child inherits the object, not the duty to remove it
 
     @classmethod
     def create(cls, host: HostCgroups, limits: SandboxLimits) -> "RunGroup":
         group = cls(host, f"recipe-sandbox-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        if group.v2 is not None:
+            cgroup_v2.acquire(group.v2)
         made = []
         try:
             for d in dict.fromkeys(group.dirs.values()):
@@ -252,7 +197,10 @@ class RunGroup:
                     os.rmdir(d)
                 except OSError:
                     pass
+            if group.v2 is not None:
+                cgroup_v2.release(group.v2)
             raise
+        _LIVE.add(group)
         return group
 
     def _dir(self, controller: str) -> str:
@@ -332,7 +280,8 @@ class RunGroup:
                 pass
 
     def try_remove(self) -> bool:
-        """Kill what is left, then remove the group's directories; False while a killed process is still dying."""
+        """Kill what is left, then remove the group's directories (and, on v2, after this process's last group, put
+        its cgroup back as found); False while a killed process is still dying."""
         self.kill()
         removed = True
         for d in dict.fromkeys(self.dirs.values()):
@@ -342,6 +291,13 @@ class RunGroup:
                 pass
             except OSError:
                 removed = False
+        if removed:
+            try:
+                _LIVE.remove(self)  # once, whichever of two removers (a run's end, a shutdown) gets here first
+            except KeyError:
+                return removed
+            if self.v2 is not None:
+                cgroup_v2.release(self.v2)
         return removed
 
     def remove(self, wait_s: float = 2.0) -> bool:
@@ -368,3 +324,13 @@ class RunGroup:
             self.remove(wait_s=REMOVE_AT_SHUTDOWN_S)
             raise
         return True
+
+
+_LIVE: set[RunGroup] = set()  # groups created and not yet removed: at exit they are emptied before v2 is restored
+
+
+@atexit.register  # registered after cgroup_v2's release_all, so it runs first
+def _remove_left_groups() -> None:
+    for group in list(_LIVE):
+        if group.owner == os.getpid():
+            group.remove(wait_s=REMOVE_AT_SHUTDOWN_S)

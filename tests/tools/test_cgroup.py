@@ -1,16 +1,19 @@
 """Where a run's cgroup goes: found from ``/proc/self/cgroup`` and ``/proc/self/mountinfo`` (here: written to a
-tmp dir in the formats the kernel uses), and the run's group on this machine for real when this process may make one."""
+tmp dir in the formats the kernel uses), and the run's group on this machine for real when this process may make one.
+cgroup v2 (leave the host's cgroups as found, move no process but the recipe's own) on a fake that keeps the kernel's
+rules and on this machine's real v2 hierarchy (mounted for the test where there is none)."""
 
 import errno
 import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from recipe.tools import cgroup
+from recipe.tools import cgroup, cgroup_v2
 from recipe.tools.cgroup import BWRAP_OWN_PROCESSES, HostCgroups, RunGroup, host_cgroups
 from recipe.tools.limits import MiB, SandboxLimits
 
@@ -74,10 +77,11 @@ class FakeCgroup2:
     """A cgroup v2 hierarchy in a tmp dir that keeps the kernel's rules (a test double): ``cgroup.procs`` lists
     each group's processes; writing a pid moves it (EBUSY into a group whose children have controllers); writing
     ``+ctrl`` to ``cgroup.subtree_control`` is EBUSY while the group holds processes (the no-internal-process rule;
-    the root is exempt) and ENOENT for a controller the group is not given; a child gets ``cgroup.controllers`` =
-    its parent's ``subtree_control``, and a controller's files (``memory.max``...) only where the parent enabled it;
-    ``rmdir`` is EBUSY while a group holds processes. It patches ``Path.write_text``, ``os.mkdir`` and ``os.rmdir``
-    for paths below its root only."""
+    the root is exempt) and ENOENT for a controller the group is not given, ``-ctrl`` is EBUSY while a child
+    enables it for its own children; a child gets ``cgroup.controllers`` = its parent's ``subtree_control`` and a
+    ``cgroup.type`` (the root has none), and a controller's files (``memory.max``...) only where the parent enabled
+    it; ``rmdir`` is EBUSY while a group holds processes or children. It patches ``Path.write_text``, ``os.mkdir``
+    and ``os.rmdir`` for paths below its root only."""
 
     def __init__(self, root, monkeypatch):
         self.root = root
@@ -91,6 +95,8 @@ class FakeCgroup2:
         self._mkdir(d)
         for name, text in (("cgroup.procs", ""), ("cgroup.controllers", controllers), ("cgroup.subtree_control", "")):
             self._write(Path(d, name), text)
+        if Path(d) != Path(self.root):
+            self._write(Path(d, "cgroup.type"), "domain")
 
     def _under(self, path):
         return str(path).startswith(str(self.root))
@@ -132,35 +138,60 @@ class FakeCgroup2:
                 self._write(procs, " ".join(left))
             return self._write(path, " ".join([*map(str, self.procs(d)), str(pid)]))
         if name == "cgroup.subtree_control":
-            want = [c.lstrip("+") for c in text.split()]
-            if any(c not in Path(d, "cgroup.controllers").read_text().split() for c in want):
+            want = [c[1:] for c in text.split() if c.startswith("+")]
+            drop = [c[1:] for c in text.split() if c.startswith("-")]
+            if any(c not in Path(d, "cgroup.controllers").read_text().split() for c in want + drop):
                 raise OSError(errno.ENOENT, "No such file or directory", str(path))
-            if self.procs(d) and d != self.root:
+            if want and self.procs(d) and d != self.root:
+                raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+            if any(c in Path(sub, "cgroup.subtree_control").read_text().split()
+                   for sub in d.iterdir() if sub.is_dir() for c in drop):
                 raise OSError(errno.EBUSY, "Device or resource busy", str(path))
             have = Path(d, "cgroup.subtree_control").read_text().split()
-            return self._write(path, " ".join(dict.fromkeys(have + want)))
+            return self._write(path, " ".join(c for c in dict.fromkeys(have + want) if c not in drop))
         ctrl = name.split(".")[0]
         if ctrl in ("memory", "pids", "cpu") and ctrl not in Path(d.parent, "cgroup.subtree_control").read_text():
             raise OSError(errno.ENOENT, "No such file or directory", str(path))
         return self._write(path, text, *args, **kwargs)
 
 
-# pids no process here can have (above the kernel's pid_max): RunGroup.remove sends real signals to what it lists
+# pids no process here can have (above the kernel's pid_max): RunGroup.remove sends real signals to what it lists.
+# The recipe is this process (the code moves os.getpid() only); the fake never signals it.
 PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
-RECIPE, OTHER, SANDBOX = PID_MAX + 1, PID_MAX + 2, PID_MAX + 3
+RECIPE, OTHER, SANDBOX, LATER = os.getpid(), PID_MAX + 2, PID_MAX + 3, PID_MAX + 4
+LIMITS = SandboxLimits(memory_bytes=300 * MiB, max_processes=20, cpu_cores=0.5)
 
 
-@pytest.fixture
-def fake_v2(tmp_path, monkeypatch):
-    """The recipe's process and another in /job of a fake cgroup v2 mount, nothing else."""
+def _v2(tmp_path, monkeypatch, pids):
+    """The recipe's process (and ``pids`` beside it) in /job of a fake cgroup v2 mount whose root gives its
+    children memory, pids and cpu."""
     fs = FakeCgroup2(tmp_path / "unified", monkeypatch)
     fs.write_text(tmp_path / "unified" / "cgroup.subtree_control", "+cpu +memory +pids")
     fs.mkdir(tmp_path / "unified" / "job")
-    for pid in (RECIPE, OTHER):
+    for pid in pids:
         fs.write_text(tmp_path / "unified" / "job" / "cgroup.procs", str(pid))
     (tmp_path / "cgroup").write_text("0::/job\n")
     (tmp_path / "mountinfo").write_text(f"35 30 0:31 / {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw\n")
     return fs, tmp_path / "unified" / "job", (str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+
+
+@pytest.fixture
+def fake_v2(tmp_path, monkeypatch):
+    """The recipe's process and another in /job of a fake cgroup v2 mount."""
+    return _v2(tmp_path, monkeypatch, (RECIPE, OTHER))
+
+
+@pytest.fixture
+def alone_v2(tmp_path, monkeypatch):
+    """The recipe's process alone in /job of a fake cgroup v2 mount."""
+    return _v2(tmp_path, monkeypatch, (RECIPE,))
+
+
+def snapshot(root):
+    """Every cgroup below ``root`` with its processes and enabled controllers."""
+    return {str(d.relative_to(root)): (sorted(Path(d, "cgroup.procs").read_text().split()),
+                                       Path(d, "cgroup.subtree_control").read_text().split())
+            for d in [Path(root), *sorted(p for p in Path(root).rglob("*") if p.is_dir())]}
 
 
 def test_the_fake_keeps_the_no_internal_process_rule(fake_v2):
@@ -170,39 +201,104 @@ def test_the_fake_keeps_the_no_internal_process_rule(fake_v2):
     assert e.value.errno == errno.EBUSY
 
 
-def test_v2_cgroup_holding_processes_moves_them_into_a_leaf_and_runs_beside_it(fake_v2):
-    """Every cgroup-v2 host holds the recipe's process in its cgroup: its processes move once into ``recipe-procs``
-    below it, the cgroup's children get memory, pids and cpu, and each run's group is a sibling of that leaf with
-    its limits written. (The earlier code refused here: EBUSY, "it holds processes of its own".)"""
+@pytest.mark.parametrize("pids", [(RECIPE,), (RECIPE, OTHER)], ids=["alone", "shared"])
+def test_v2_check_changes_nothing(tmp_path, monkeypatch, pids):
+    """What ``python -m recipe.tools check`` asks before its run (``host_cgroups``) only reads: no process moved, no
+    leaf made, no controller enabled, whether the recipe is alone in its cgroup or not. (The earlier code moved
+    every process of the cgroup into a leaf ``recipe-procs`` here and left them there.)"""
+    fs, job, files = _v2(tmp_path, monkeypatch, pids)
+    before = snapshot(job.parent)
+    host_cgroups(*files)
+    assert snapshot(job.parent) == before
+
+
+def test_v2_another_process_in_the_cgroup_is_never_moved(fake_v2):
+    """Where the recipe's cgroup holds another process, the runs are refused by name (the rule, the pid, the fix)
+    and that process stays where it is; a process joins the cgroup afterwards. (The earlier code moved both into a
+    leaf and enabled the controllers: the process that joins afterwards got EBUSY.)"""
     fs, job, files = fake_v2
-    found = host_cgroups(*files)
-    assert isinstance(found, HostCgroups), found
-    assert found.version == "v2" and found.moved == 2 and f"{job}/recipe-procs" in found.describe()
-    assert fs.procs(job) == [] and fs.procs(job / cgroup.V2_LEAF) == [RECIPE, OTHER]
+    problem = host_cgroups(*files)
+    assert isinstance(problem, str), problem
+    assert f"holds 1 process(es) besides this one (e.g. pid {OTHER})" in problem and "no-internal-process" in problem
+    assert "moves no process but its own" in problem
+    assert fs.procs(job) == [RECIPE, OTHER] and list(job.iterdir()) == [p for p in job.iterdir() if p.is_file()]
+    fs.write_text(job / "cgroup.procs", str(LATER))  # a process joins the original cgroup afterwards
+    assert fs.procs(job) == [RECIPE, OTHER, LATER]
+
+
+def test_v2_alone_moves_only_itself_while_it_has_runs_and_restores_after(alone_v2):
+    """Alone in its cgroup, the recipe steps into a leaf of its own while it has runs (memory, pids and cpu enabled
+    for the runs' groups beside it, their limits written), and after its last group is removed everything is as it
+    was found: the process back, the controllers disabled, the leaf gone, and a process joins the original cgroup.
+    (The earlier code left the process in ``recipe-procs`` and the controllers on: the join got EBUSY.)"""
+    fs, job, files = alone_v2
+    before = snapshot(job.parent)
+    host = host_cgroups(*files)
+    assert isinstance(host, HostCgroups), host
+    assert f"{job}/recipe-self-<pid>" in host.describe()
+    first = RunGroup.create(host, LIMITS)
+    second = RunGroup.create(host, LIMITS)
+    leaf = job / f"recipe-self-{RECIPE}"
+    assert fs.procs(job) == [] and fs.procs(leaf) == [RECIPE]
     assert (job / "cgroup.subtree_control").read_text().split() == ["memory", "pids", "cpu"]
-    group = RunGroup.create(found, SandboxLimits(memory_bytes=300 * MiB, max_processes=20, cpu_cores=0.5))
-    run_dir = Path(group._dir("*"))
+    run_dir = Path(first._dir("*"))
     assert run_dir.parent == job and (run_dir / "memory.max").read_text() == str(300 * MiB)
     assert (run_dir / "cpu.max").read_text() == "50000 100000" and (run_dir / "pids.max").read_text() == "22"
     fs.write_text(run_dir / "cgroup.procs", str(SANDBOX))  # the sandbox's sh joins its run's group
-    assert fs.procs(run_dir) == [SANDBOX] and not group.try_remove()  # populated: EBUSY
+    assert fs.procs(run_dir) == [SANDBOX] and not first.try_remove()  # populated: EBUSY, nothing restored yet
     fs.exit(SANDBOX)
-    assert group.remove() and not run_dir.exists()
+    assert first.remove() and not run_dir.exists()
+    assert fs.procs(leaf) == [RECIPE] and (job / "cgroup.subtree_control").read_text()  # the second run still holds
+    assert second.remove()
+    assert snapshot(job.parent) == before and not leaf.exists()
+    fs.write_text(job / "cgroup.procs", str(LATER))  # a process joins the original cgroup afterwards
+    assert fs.procs(job) == [RECIPE, LATER]
 
 
-def test_v2_processes_that_cannot_move_are_named(fake_v2, monkeypatch):
-    fs, job, files = fake_v2
+def test_v2_a_process_that_joined_since_the_check_is_not_moved(alone_v2):
+    """Alone at the check, not at the run: the kernel refuses the controllers (EBUSY), the run's group is not made,
+    the recipe's own step is undone and the newcomer stays. (The earlier code had already closed the cgroup at the
+    check: the newcomer itself got EBUSY.)"""
+    fs, job, files = alone_v2
+    host = host_cgroups(*files)
+    assert isinstance(host, HostCgroups), host
+    fs.write_text(job / "cgroup.procs", str(OTHER))
+    before = snapshot(job.parent)
+    with pytest.raises(OSError) as e:
+        RunGroup.create(host, LIMITS)
+    assert e.value.errno == errno.EBUSY and f"1 other process(es) joined it, e.g. pid {OTHER}" in str(e.value)
+    assert snapshot(job.parent) == before and sorted(fs.procs(job)) == sorted([RECIPE, OTHER])
+
+
+def test_v2_groups_left_at_exit_are_emptied_and_the_cgroup_restored(alone_v2):
+    """A run's group still populated when the recipe exits (its removal timed out): the exit hooks kill what is in
+    it, remove it and put the cgroup back as found. (The earlier code restored nothing, at exit or ever.)"""
+    fs, job, files = alone_v2
+    before = snapshot(job.parent)
+    group = RunGroup.create(host_cgroups(*files), LIMITS)
+    fs.write_text(Path(group._dir("*"), "cgroup.procs"), str(SANDBOX))
+    fs.exit(SANDBOX)  # what the kill would do to a real one
+    cgroup._remove_left_groups()
+    cgroup_v2.release_all()
+    assert snapshot(job.parent) == before
+
+
+def test_v2_own_process_that_cannot_move_is_named_and_undone(alone_v2, monkeypatch):
+    fs, job, files = alone_v2
+    before = snapshot(job.parent)
     real = fs.write_text
 
     def no_moves(path, text, *a, **kw):
-        if Path(path).name == "cgroup.procs" and Path(path).parent.name == cgroup.V2_LEAF:
+        if Path(path).name == "cgroup.procs" and Path(path).parent.name.startswith(cgroup_v2.LEAF_PREFIX):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real(path, text, *a, **kw)
 
+    host = host_cgroups(*files)
     monkeypatch.setattr(cgroup.Path, "write_text", no_moves)
-    problem = host_cgroups(*files)
-    assert isinstance(problem, str) and "no-internal-process rule" in problem and "Permission denied" in problem
-    assert "systemd-run --user --scope -p Delegate=yes" in problem and fs.procs(job) == [RECIPE, OTHER]
+    with pytest.raises(OSError) as e:
+        RunGroup.create(host, LIMITS)
+    assert "Permission denied" in str(e.value) and f"stepping into {job}/recipe-self-{RECIPE}" in str(e.value)
+    assert snapshot(job.parent) == before
 
 
 @pytest.fixture
@@ -285,60 +381,122 @@ def test_v1_cpu_quota_is_clamped_to_the_parents(host):
             os.rmdir(d)
 
 
-UNIFIED = "/sys/fs/cgroup/unified"
+def _cgroup2_mount(tmp_path):
+    """(mount point, its mountinfo line) of the whole cgroup v2 hierarchy: this machine's, else one mounted here for
+    the test (unmounted by the caller when the second value says so)."""
+    def find():
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            left, _, right = line.partition(" - ")
+            if right.split()[:1] == ["cgroup2"] and left.split()[3] == "/":
+                return left.split()[4], line
+        return None
+    found = find()
+    if found is not None:
+        return (*found, False)
+    target = tmp_path / "cg2"
+    target.mkdir()
+    r = subprocess.run(["mount", "-t", "cgroup2", "none", str(target)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"no cgroup v2 hierarchy here and mount -t cgroup2 failed: {r.stderr.strip()}")
+    return (*find(), True)
 
 
 @pytest.fixture
-def real_v2():
-    """A cgroup of our own on this machine's real cgroup v2 hierarchy (here beside v1: only ``hugetlb`` is free to
-    enable, but the hierarchy and its no-internal-process rule are the kernel's), holding a process."""
-    if not os.path.isfile(os.path.join(UNIFIED, "cgroup.procs")) or "hugetlb" not in \
-            Path(UNIFIED, "cgroup.controllers").read_text().split():
-        pytest.skip(f"no cgroup v2 hierarchy with a free controller at {UNIFIED}")
-    root_control = Path(UNIFIED, "cgroup.subtree_control")
-    enabled_here = "hugetlb" not in root_control.read_text().split()
-    if enabled_here:
-        root_control.write_text("+hugetlb")  # the root is exempt from the rule; our cgroup then is given hugetlb
-    d = os.path.join(UNIFIED, f"recipe-test-v2-{os.getpid()}")
-    os.mkdir(d)
-    sleeper = _sleeper_in(os.path.join(d, "cgroup.procs"))
-    yield d, sleeper
-    sleeper.kill()
-    sleeper.wait()
-    for sub in sorted(Path(d).iterdir(), reverse=True):
-        if sub.is_dir():
-            for pid in Path(sub, "cgroup.procs").read_text().split():
-                os.kill(int(pid), signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while Path(sub, "cgroup.procs").read_text().split() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            os.rmdir(sub)
-    os.rmdir(d)
+def real_v2(tmp_path):
+    """This process alone in a cgroup of its own on the kernel's cgroup v2 hierarchy, given one controller by its
+    parent (here, beside cgroup v1, only ``hugetlb`` is free: the hierarchy and its rules are the kernel's), and
+    two sleepers left in this process's own cgroup (processes from outside that may join it); all undone after."""
+    top, line, mounted = _cgroup2_mount(tmp_path)
+    control = Path(top, "cgroup.subtree_control")
+    have, offered = control.read_text().split(), Path(top, "cgroup.controllers").read_text().split()
+    real_root = not os.path.exists(os.path.join(top, "cgroup.type"))
+    usable = [c for c in ("pids", "memory", "cpu", "hugetlb") if c in have or (real_root and c in offered)]
+    own = [ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln.startswith("0::")]
+    if not usable or not own or own[0].startswith("/.."):
+        pytest.skip(f"cgroup v2 at {top} gives a new cgroup no controller, or this process is outside it")
+    ctrl, orig = usable[0], os.path.normpath(top + own[0])
+    enabled_here = ctrl not in have
+    c = os.path.join(top, f"recipe-test-v2-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        if enabled_here:
+            control.write_text(f"+{ctrl}")  # the real root is exempt from the rule
+        os.mkdir(c)
+    except OSError as e:
+        pytest.skip(f"cannot make a cgroup under {top}: {e}")
+    outsiders = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    Path(c, "cgroup.procs").write_text(str(os.getpid()))
+    (tmp_path / "cgroup").write_text(f"0::{c[len(top):]}\n")
+    (tmp_path / "mountinfo").write_text(line + "\n")
+    yield c, ctrl, outsiders, (str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+    Path(orig, "cgroup.procs").write_text(str(os.getpid()))
+    for p in outsiders:
+        p.kill()
+        p.wait()
+    for sub in sorted((d for d in Path(c).rglob("*") if d.is_dir()), reverse=True) + [Path(c)]:
+        for pid in Path(sub, "cgroup.procs").read_text().split():
+            os.kill(int(pid), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(sub, "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.rmdir(sub)
     if enabled_here:
         try:
-            root_control.write_text("-hugetlb")
+            control.write_text(f"-{ctrl}")
         except OSError:
             pass  # another cgroup below the root uses it now
+    if mounted:
+        subprocess.run(["umount", top], check=True)
 
 
-def test_real_v2_no_internal_process_rule_and_the_leaf(real_v2):
-    """On the kernel's own cgroup v2: enabling a controller for the children of a cgroup that holds a process is
-    EBUSY; ``delegate_v2`` moves the process into ``recipe-procs`` below it and enables it; a run's group beside
-    the leaf is joined by a process and emptied by ``remove`` (``cgroup.kill``)."""
-    d, sleeper = real_v2
+def _v2_path(pid):
+    return [ln for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ln.startswith("0::")][0][3:]
+
+
+def test_real_v2_alone_moves_only_itself_and_a_process_joins_afterwards(real_v2, monkeypatch):
+    """On the kernel's own cgroup v2, this process alone in cgroup C: the check's question changes nothing; a run
+    moves this process into ``recipe-self-<pid>`` below C and enables the controller for the run's group beside it
+    (joined by a process, emptied by ``cgroup.kill``); while that lasts the kernel refuses a newcomer to C (EBUSY);
+    after the group is removed, C is as found and a process from outside joins it. (The earlier code moved C's
+    processes into ``recipe-procs`` for good: the newcomer got EBUSY afterwards too.)"""
+    c, ctrl, outsiders, files = real_v2
+    monkeypatch.setattr(RunGroup, "_set_limits", lambda self, lim: None)  # only `ctrl` here: no memory.max to write
+    before = snapshot(c)
+    host = host_cgroups(*files, (ctrl,))
+    assert isinstance(host, HostCgroups) and host.v2.move_self, host
+    assert snapshot(c) == before
     with pytest.raises(OSError) as e:
-        Path(d, "cgroup.subtree_control").write_text("+hugetlb")
+        Path(c, "cgroup.subtree_control").write_text(f"+{ctrl}")  # the kernel's rule: C holds this process
     assert e.value.errno == errno.EBUSY
-    assert cgroup.delegate_v2(d, ("hugetlb",)) == 1
-    assert Path(d, "cgroup.subtree_control").read_text().split() == ["hugetlb"]
-    assert Path(f"/proc/{sleeper.pid}/cgroup").read_text().splitlines()[-1].endswith(f"/{cgroup.V2_LEAF}")
-    assert cgroup.delegate_v2(d, ("hugetlb",)) == 0  # once: nothing left to move
-    group = RunGroup(HostCgroups("v2", (("*", d),)), "recipe-sandbox-real-v2")
-    os.mkdir(group._dir("*"))
-    runner = _sleeper_in(group.procs_files()[0])
-    assert Path(group._dir("*"), "cgroup.controllers").read_text().split() == ["hugetlb"]
-    assert group.remove() and runner.wait(timeout=10) == -signal.SIGKILL
-    assert not os.path.exists(group._dir("*")) and sleeper.poll() is None  # the leaf's process untouched
+    rel = _v2_path(os.getpid())
+    group = RunGroup.create(host, LIMITS)
+    try:
+        assert _v2_path(os.getpid()) == f"{rel}/recipe-self-{os.getpid()}"
+        assert Path(c, "cgroup.subtree_control").read_text().split() == [ctrl]
+        runner = _sleeper_in(group.procs_files()[0])
+        assert Path(group._dir("*"), "cgroup.controllers").read_text().split() == [ctrl]
+        with pytest.raises(OSError) as e:
+            Path(c, "cgroup.procs").write_text(str(outsiders[0].pid))
+        assert e.value.errno == errno.EBUSY
+    finally:
+        assert group.remove()
+    assert runner.wait(timeout=10) == -signal.SIGKILL
+    assert snapshot(c) == before and _v2_path(os.getpid()) == rel
+    Path(c, "cgroup.procs").write_text(str(outsiders[0].pid))  # a process joins the original cgroup afterwards
+    assert _v2_path(outsiders[0].pid) == rel
+
+
+def test_real_v2_another_process_in_the_cgroup_is_never_moved(real_v2):
+    """On the kernel's own cgroup v2, C holding this process and another: the runs are refused by name, nothing in C
+    changes (the other process stays), and a further process joins C afterwards. (The earlier code moved both into
+    ``recipe-procs``: the further process got EBUSY.)"""
+    c, ctrl, outsiders, files = real_v2
+    Path(c, "cgroup.procs").write_text(str(outsiders[0].pid))
+    before = snapshot(c)
+    problem = host_cgroups(*files, (ctrl,))
+    assert isinstance(problem, str) and f"(e.g. pid {outsiders[0].pid})" in problem, problem
+    assert snapshot(c) == before and _v2_path(outsiders[0].pid).endswith(os.path.basename(c))
+    Path(c, "cgroup.procs").write_text(str(outsiders[1].pid))  # a process joins the original cgroup afterwards
+    assert _v2_path(outsiders[1].pid).endswith(os.path.basename(c))
 
 
 def test_v1_without_memsw_never_swaps(tmp_path):
