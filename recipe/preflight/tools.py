@@ -7,7 +7,8 @@ error in every trajectory. Here the tools are loaded with verl's own loader and 
 backend (``recipe.tools.verl_tools.PythonTool``) runs ``print(1+1)`` through it before anything starts.
 
 verl places its agent-loop workers round-robin over the nodes; each runs up to ``max_concurrency`` sandboxes of one
-tool at once, each held to ``limits.memory_bytes`` in total (its cgroup; the landlock sandbox's one process), or,
+tool at once, each held to ``limits.memory_bytes`` in total (its cgroup; the landlock sandbox's one process, plus
+its ``scratch_bytes`` tmpfs when started as root), or,
 where per-process limits were accepted, to ``max_processes`` x (``memory_bytes`` + what ``max_open_files`` sockets
 may buffer) + its two tmpfs (memfd, SysV and POSIX IPC are denied by the syscall allowlist). Beside vLLM and the trainer, that sum must stay under
 :data:`SANDBOX_MEMORY_SHARE` of the node's memory (this node's ``MemTotal``: the launch's nodes are alike).
@@ -68,6 +69,10 @@ def sandbox_memory(cfg: Mapping, tools: list, path: str) -> tuple[int, str] | No
             how = (f"(max_processes {lim.max_processes} x (memory_bytes {lim.memory_bytes / GiB:g} GiB + "
                    f"max_open_files {lim.max_open_files} x {socket_buffer_bytes() // 1024} KiB of socket buffer) "
                    f"+ 2 x scratch_bytes {lim.scratch_bytes / GiB:g} GiB) (per-process limits)")
+        elif isinstance(b, LandlockBackend) and b.drop_uid() is not None:  # as root: its scratch is a tmpfs
+            each = lim.memory_bytes + lim.scratch_bytes
+            how = (f"(memory_bytes {lim.memory_bytes / GiB:g} GiB + scratch_bytes {lim.scratch_bytes / GiB:g} GiB of "
+                   "tmpfs) per sandbox")
         else:
             each = lim.memory_bytes
             how = f"memory_bytes {lim.memory_bytes / GiB:g} GiB in total per sandbox"

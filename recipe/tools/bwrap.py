@@ -27,8 +27,9 @@ What holds each hostile program (each pinned by a test in tests/tools/test_bwrap
   inside the sandbox (the count is per user namespace, so concurrent sandboxes do not share one budget). The uid is
   dropped by util-linux's ``setpriv`` in front of bwrap, not by ``subprocess``'s ``user=``/``group=``: Ray's async
   actors (verl's agent-loop workers) run on uvloop, whose ``subprocess_exec`` refuses those arguments.
-- per-process limits: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0, set by a Python
-  launcher inside the sandbox right before it ``exec``s the program (no ``preexec_fn``: not safe in a threaded
+- per-process limits: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0 (and
+  RLIMIT_NICE/RLIMIT_RTPRIO 0, every other hard limit lowered to its soft one: a limit can only be lowered), set by
+  a Python launcher inside the sandbox right before it ``exec``s the program (no ``preexec_fn``: not safe in a threaded
   parent such as a Ray worker; no dependency on util-linux's ``prlimit``).
 - time and output: a wall-clock timeout, an output budget (stdout + stderr, read in chunks, never buffered past
   the budget) and the group's CPU time (polled); each kills bwrap's whole process group with SIGKILL, and so the
@@ -66,7 +67,10 @@ _JOIN_CGROUP = (
     '|| { echo "sandbox: cannot join the run\'s cgroup ($1)" >&2; exit 125; }; shift; n=$((n-1)); done; exec "$@"'
 )
 
-# Set the limits, then exec the program: runs as the sandbox's command, so the limits bind only the program.
+# Set the limits, then exec the program: runs as the sandbox's command, so the limits bind only the program. Every hard
+# limit but RLIMIT_CPU's (SIGXCPU one second before SIGKILL names cpu_limit) is then lowered to its soft one, and
+# RLIMIT_NICE/RLIMIT_RTPRIO to 0: without CAP_SYS_RESOURCE the program can only lower a limit (setrlimit's values sit
+# in memory, where the seccomp filter cannot check them).
 _LAUNCHER = (
     "import os,resource as r,sys\n"
     "c,a,n,f,o=(int(x) for x in sys.argv[1:6])\n"
@@ -76,6 +80,10 @@ _LAUNCHER = (
     "n<0 or r.setrlimit(r.RLIMIT_NPROC,(n,n))\n"
     "r.setrlimit(r.RLIMIT_FSIZE,(f,f))\n"
     "r.setrlimit(r.RLIMIT_NOFILE,(o,o))\n"
+    "r.setrlimit(r.RLIMIT_NICE,(0,0))\n"
+    "r.setrlimit(r.RLIMIT_RTPRIO,(0,0))\n"
+    "for k in dir(r):\n"
+    " k.startswith('RLIMIT_') and k!='RLIMIT_CPU' and r.setrlimit(getattr(r,k),(r.getrlimit(getattr(r,k))[0],)*2)\n"
     "os.execv(sys.executable,[sys.executable,*sys.argv[6:]])\n"
 )
 

@@ -1,7 +1,7 @@
 """The supervisor the local sandboxes share (bubblewrap, landlock): feed stdin, read stdout and stderr within one
 output budget, and end the program at the first limit: the wall clock, the output budget, the run's cgroup's CPU
-time (polled) or a scratch directory's size (polled, where no mount caps it). Every end kills the sandbox's whole
-process group with SIGKILL (synchronously, in a ``finally``: a cancelled task too), then reaps it; the outcome is
+time (polled) or a scratch directory's size (polled, where no mount caps it; one it cannot measure ends the run).
+Every end kills the sandbox's whole process group with SIGKILL (synchronously, in a ``finally``: a cancelled task too), then reaps it; the outcome is
 named from what ended it, the exit status and stderr, and the run's cgroup's records."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from recipe.tools.cgroup import RunGroup
 from recipe.tools.limits import SandboxLimits
 from recipe.tools.result import ExecResult, Status, classify_exit, killed_detail, total_limit_detail
+from recipe.tools.scratch import Unmeasurable, measure
 
 POLL_S = 0.1
 SCRATCH_BYTES_PER_FILE = 4096  # the file count cap: one file per 4 KiB of scratch (an empty file still costs)
@@ -23,28 +24,9 @@ def max_scratch_files(lim: SandboxLimits) -> int:
     return max(64, lim.scratch_bytes // SCRATCH_BYTES_PER_FILE)
 
 
-def scratch_use(path: str) -> tuple[int, int]:
-    """(bytes allocated, entries) below ``path``; what vanished while walking is not counted."""
-    total, count = 0, 0
-    todo = [path]
-    while todo:
-        try:
-            with os.scandir(todo.pop()) as it:
-                for entry in it:
-                    count += 1
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        todo.append(entry.path)
-        except OSError:
-            pass
-    return total, count
-
-
-def scratch_detail(lim: SandboxLimits) -> str:
+def scratch_detail(lim: SandboxLimits, hidden: list[str] = ()) -> str:
+    if hidden:
+        return f"disk limit: {hidden[0]}; the scratch directory must stay measurable"
     return (f"scratch space exhausted ({lim.scratch_bytes // (1024 * 1024)} MiB or {max_scratch_files(lim)} files "
             f"in the scratch directory, measured every {POLL_S:g} s)")
 
@@ -72,12 +54,17 @@ async def supervise(proc, lim: SandboxLimits, t0: float, stdin: str | None, back
     overflow = asyncio.Event()
     cpu_spent = asyncio.Event()
     scratch_full = asyncio.Event()
+    hidden: list[str] = []  # why the scratch directory could not be measured
 
     async def watch_scratch():
-        # No mount to cap it (no namespaces): measured every poll; a program may pass the cap by what it writes
-        # in one poll interval, at most max_file_bytes per file.
+        # No mount to cap it (not root): measured every poll; a program may pass the cap by what it writes in one
+        # poll interval, at most max_file_bytes per file (fallocate is denied). A part it hides ends the run.
         while True:
-            used, files = await asyncio.to_thread(scratch_use, scratch)  # a walk of up to ~16k entries: off the loop
+            try:
+                used, files = await asyncio.to_thread(measure, scratch)  # up to ~16k entries: off the loop
+            except Unmeasurable as e:
+                hidden.append(str(e))
+                break
             if used > lim.scratch_bytes or files > max_scratch_files(lim):
                 break
             await asyncio.sleep(POLL_S)
@@ -154,7 +141,7 @@ async def supervise(proc, lim: SandboxLimits, t0: float, stdin: str | None, back
         killed = Status.OUTPUT_LIMIT  # it ended on its own, but its output was cut at the budget
     if killed is not None:
         detail = total_limit_detail(killed, lim) if killed == Status.CPU_LIMIT else \
-            scratch_detail(lim) if killed == Status.DISK_LIMIT else killed_detail(killed, lim)
+            scratch_detail(lim, hidden) if killed == Status.DISK_LIMIT else killed_detail(killed, lim)
         if killed == Status.TIMEOUT:
             # A shell fork bomb retries forever: name the limit it hit, not only the timeout that ended it.
             hit, hit_detail = classify_exit(1, stderr, lim)

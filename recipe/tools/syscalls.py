@@ -32,7 +32,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
               "rules, bwrap's mounts or Landlock, say where)", (
         "read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2",
         "open", "openat", "creat", "close", "close_range", "lseek", "dup", "dup2", "dup3", "fcntl", "flock",
-        "fsync", "fdatasync", "ftruncate", "fallocate", "fadvise64", "sendfile", "copy_file_range",
+        "fsync", "fdatasync", "ftruncate", "fadvise64", "sendfile", "copy_file_range",
         "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat", "faccessat2",
         "readlink", "readlinkat", "getdents", "getdents64", "getcwd", "chdir", "fchdir", "umask",
         "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat",
@@ -57,10 +57,10 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "timer_settime", "timer_gettime", "timer_getoverrun", "timer_delete", "timerfd_create", "timerfd_settime",
         "timerfd_gettime", "times", "getrusage",
     )),
-    "scheduling": ("thread synchronisation, yielding, CPU affinity and priority, read (setting is for this "
-                   "process only: below)", (
+    "scheduling": ("thread synchronisation, yielding, CPU affinity and scheduling, read (affinity and nice are "
+                   "set for this process only, a scheduling class never: below)", (
         "futex", "futex_waitv", "sched_yield", "sched_getaffinity", "sched_getparam", "sched_getscheduler",
-        "sched_get_priority_max", "sched_get_priority_min", "getpriority", "getrlimit",
+        "sched_get_priority_max", "sched_get_priority_min", "getrlimit",
     )),
     "events": ("pipes, select/poll/epoll and eventfd (subprocess, asyncio, multiprocessing)", (
         "pipe", "pipe2", "select", "pselect6", "poll", "ppoll", "epoll_create", "epoll_create1", "epoll_ctl",
@@ -86,18 +86,30 @@ CLONE_NEW_MASK = sum(CLONE_NEW_FLAGS.values())
 IOCTLS = {"TCGETS": 0x5401, "TIOCGPGRP": 0x540F, "TIOCGWINSZ": 0x5413, "FIONREAD": 0x541B, "FIONBIO": 0x5421,
           "FIONCLEX": 0x5450, "FIOCLEX": 0x5451}
 AF_UNIX, AF_INET, AF_INET6, AF_MAX = 1, 2, 10, 46
-# setsockopt: anything but raising a socket's buffers (SO_SNDBUF, SO_RCVBUF and their FORCE forms): kernel memory
-# outside the address space (up to net.core.wmem_max each, 4 MiB here), which a cgroup v1 may not charge and
-# RLIMIT_AS never does. These are the SOL_SOCKET options allowed; other levels (TCP_NODELAY...) are.
+# Every rule below that allows a call compares an argument with ``eq``: libseccomp compares all 64 bits of the
+# register, so a value with bits above what the kernel reads (an ``int``: 32) never equals an allowed one and is
+# denied. Never ``ne``/``ge`` on an ``int`` argument in an allow rule: ``level = SOL_SOCKET | 1 << 32`` is "not
+# SOL_SOCKET" to the filter and SOL_SOCKET to the kernel (tests/tools/test_syscall_allowlist.py and
+# test_syscall_holes.py check both).
+# setsockopt: the levels a Python program uses, by exact value; at SOL_SOCKET nothing that raises a socket's buffers
+# (SO_SNDBUF, SO_RCVBUF and their FORCE forms): kernel memory outside the address space (up to net.core.wmem_max each,
+# any size with FORCE and CAP_NET_ADMIN), which a cgroup v1 may not charge and RLIMIT_AS never does.
 SOL_SOCKET = 1
+SOCKET_LEVELS = {"SOL_IP": 0, "SOL_TCP": 6, "SOL_UDP": 17, "SOL_IPV6": 41}
 SOCKET_OPTIONS = {"SO_DEBUG": 1, "SO_REUSEADDR": 2, "SO_DONTROUTE": 5, "SO_BROADCAST": 6, "SO_KEEPALIVE": 9,
                   "SO_OOBINLINE": 10, "SO_PRIORITY": 12, "SO_LINGER": 13, "SO_REUSEPORT": 15, "SO_PASSCRED": 16,
                   "SO_RCVLOWAT": 18, "SO_SNDLOWAT": 19, "SO_RCVTIMEO_OLD": 20, "SO_SNDTIMEO_OLD": 21,
                   "SO_TIMESTAMP": 29, "SO_RCVTIMEO_NEW": 66, "SO_SNDTIMEO_NEW": 67}
-# Calls that take a pid and change that process: allowed for the caller itself (pid 0) only.
-SELF_ONLY = ("prlimit64", "setrlimit", "sched_setaffinity", "sched_setparam", "sched_setscheduler", "setpriority")
-SELF_ONLY_ARG = {"prlimit64": 0, "setrlimit": None, "sched_setaffinity": 0, "sched_setparam": 0,
-                 "sched_setscheduler": 0, "setpriority": 1}  # the argument holding the pid (None: no pid)
+# Calls that take a pid and change that process: allowed for the caller itself (pid 0) only. setrlimit/prlimit64
+# carry their values in memory, which a filter cannot read: each sandbox's launcher sets every hard limit to its
+# soft one and the program runs without CAP_SYS_RESOURCE, so the kernel lets it only lower a limit.
+SELF_ONLY = {"prlimit64": 0, "setrlimit": None, "sched_setaffinity": 0}  # the argument holding the pid (None: none)
+# getpriority/setpriority(which, who, nice): PRIO_PROCESS and the caller only (PRIO_USER or PRIO_PGRP would reach
+# every process of the uid: the trainer's, Ray's and vLLM's under the landlock sandbox). Raising the priority needs
+# RLIMIT_NICE, which the launchers set to 0. A scheduling class or real-time priority (sched_setscheduler,
+# sched_setparam, sched_setattr: SCHED_FIFO...) is never set.
+PRIO_PROCESS = 0
+PRIORITY = ("getpriority", "setpriority")
 # Denied with ENOSYS on purpose, though glibc calls them: it then falls back to a call the filter can check.
 FALLBACK = {"clone3": "its flags sit in memory a seccomp filter cannot read; glibc falls back to clone, checked above"}
 SIGNALS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
@@ -114,6 +126,7 @@ class Policy:
     sockets: bool = True  # socket() for AF_UNIX/AF_INET/AF_INET6; only inside a private network namespace
     signal_pid: int | None = None  # signals only to this pid (and 0: its own process group); None: any
     path_truncate: bool = True  # truncate(path): where the filesystem rules govern it
+    fallocate: bool = True  # False: EOPNOTSUPP (glibc's posix_fallocate then writes), where no mount caps the scratch
 
 
 @dataclass(frozen=True)
@@ -148,11 +161,13 @@ def rules(policy: Policy) -> list[Rule]:
     else:
         out.append(Rule("EAFNOSUPPORT", "socket"))
     out += [Rule("allow", "socketpair", ((0, "eq", AF_UNIX, 0),))]
-    out.append(Rule("allow", "setsockopt", ((1, "ne", SOL_SOCKET, 0),)))
+    out += [Rule("allow", "setsockopt", ((1, "eq", v, 0),)) for v in SOCKET_LEVELS.values()]
     out += [Rule("allow", "setsockopt", ((1, "eq", SOL_SOCKET, 0), (2, "eq", v, 0))) for v in SOCKET_OPTIONS.values()]
-    for name in SELF_ONLY:
-        arg = SELF_ONLY_ARG[name]
+    for name, arg in SELF_ONLY.items():
         out.append(Rule("allow", name, () if arg is None else ((arg, "eq", 0, 0),)))
+    for who in dict.fromkeys((0, policy.signal_pid if policy.signal_pid is not None else 0)):
+        out += [Rule("allow", n, ((0, "eq", PRIO_PROCESS, 0), (1, "eq", who, 0))) for n in PRIORITY]
+    out += [Rule("allow" if policy.fallocate else "EOPNOTSUPP", "fallocate")]
     if policy.signal_pid is None:
         out += [Rule("allow", n) for n in SIGNALS]
     else:
@@ -169,4 +184,4 @@ def allowed_names(policy: Policy = Policy()) -> set[str]:
     return {r.name for r in rules(policy) if r.action == "allow"}
 
 
-ERRNOS = {"EAGAIN": errno.EAGAIN, "EAFNOSUPPORT": errno.EAFNOSUPPORT}
+ERRNOS = {"EAGAIN": errno.EAGAIN, "EAFNOSUPPORT": errno.EAFNOSUPPORT, "EOPNOTSUPP": errno.EOPNOTSUPP}

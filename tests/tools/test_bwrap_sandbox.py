@@ -579,3 +579,23 @@ def test_argv_has_every_isolation_flag(sandbox):
         assert flag in argv, flag
     assert argv[argv.index("--seccomp") + 1] == "4" and argv[argv.index("--ro-bind-data") + 1] == "3"
     assert ["--remount-ro", "/"] == argv[argv.index("--chdir") - 2: argv.index("--chdir")]
+
+
+def test_limits_and_priority_can_only_be_lowered(sandbox):
+    """The launcher lowers every hard limit to its soft one (RLIMIT_STACK's soft 8 MiB could be raised to an
+    unlimited hard one) and RLIMIT_NICE to 0: setrlimit's values sit in memory, where the filter cannot look."""
+    r = run(sandbox, (
+        "import os, resource as r\n"
+        "for name in ('RLIMIT_AS', 'RLIMIT_STACK', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_MEMLOCK', 'RLIMIT_NICE'):\n"
+        "    k = getattr(r, name); soft, hard = r.getrlimit(k)\n"
+        "    for new in ((hard, hard + 1), (soft + 1, hard)) if hard != r.RLIM_INFINITY else ((hard, hard),):\n"
+        "        try:\n"
+        "            r.setrlimit(k, new); print('RAISED', name, (soft, hard), new)\n"
+        "        except (ValueError, OSError):\n"
+        "            print('held', name)\n"
+        "try:\n"
+        "    os.setpriority(os.PRIO_PROCESS, 0, -1); print('RAISED priority')\n"
+        "except OSError:\n"
+        "    print('held priority')\n"
+    ))
+    assert r.status == Status.OK and "RAISED" not in r.stdout and "held priority" in r.stdout, r

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import os
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
@@ -31,9 +32,11 @@ LIMITS = SandboxLimits(wall_timeout_s=60, cpu_time_s=1, memory_bytes=256 * MiB, 
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory):
-    root = tmp_path_factory.mktemp("scratch-root")
-    return require_sandbox(LandlockBackend(limits=LIMITS, scratch_root=str(root)))
+def sandbox():
+    root = tempfile.mkdtemp(prefix="landlock-scratch-")  # under /tmp: pytest's own are root's only, and as root the
+    os.chmod(root, 0o711)  # sandbox runs as nobody
+    yield require_sandbox(LandlockBackend(limits=LIMITS, scratch_root=root))
+    os.rmdir(root)
 
 
 def limited(backend, **kw):
@@ -184,6 +187,17 @@ def test_describe_limits_says_one_process_and_landlock(sandbox):
     assert "one process with one thread" in line and "Landlock ABI" in line and "no socket()" in line
 
 
+def _running_program(before) -> bool:
+    """Whether the sandbox's program (the launcher exec'd into ``python3 .../code/main.py``) runs below this test."""
+    for pid in started_below(os.getpid(), before):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().endswith(b"/code/main.py\0"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 def test_a_cancelled_run_leaves_nothing(sandbox):
     """Cancelling the awaiting task (an aborted group) kills the program at once and removes its scratch."""
     import time
@@ -192,7 +206,7 @@ def test_a_cancelled_run_leaves_nothing(sandbox):
         before = descendants(os.getpid())
         task = asyncio.ensure_future(sandbox.run("import time\nopen('started', 'w').close()\ntime.sleep(60)"))
         deadline = time.monotonic() + 30
-        while not any(Path(sandbox.scratch_root).glob(os.path.join("*", "work", "started"))):  # its scratch's work dir
+        while not _running_program(before):  # as root its scratch is a tmpfs only the program sees
             assert time.monotonic() < deadline, "the program never started"
             await asyncio.sleep(0.02)
         kids = started_below(os.getpid(), before)
@@ -206,3 +220,141 @@ def test_a_cancelled_run_leaves_nothing(sandbox):
     assert kids and cancel_s < 10
     assert [p for p in kids if stat(p) is not None and stat(p)["state"] != "Z"] == []
     assert os.listdir(sandbox.scratch_root) == []
+
+
+# ---- issue 45: no powers it does not need, a scratch the kernel bounds, removed whatever the program did -----------
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="what the sandbox does when started as root")
+
+
+@as_root
+def test_as_root_the_program_runs_as_nobody_without_capabilities(sandbox):
+    r = run(sandbox, "import os\nprint(os.getresuid(), os.getresgid(), os.getgroups())\n"
+                     "print([l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapPrm', 'CapEff', "
+                     "'CapAmb', 'CapInh'))])")
+    assert r.status == Status.OK, r
+    assert r.stdout.splitlines() == ["(65534, 65534, 65534) (65534, 65534, 65534) []", str(["0" * 16] * 4)], r
+
+
+def test_limits_and_priority_can_only_be_lowered(sandbox):
+    """setrlimit's values sit in memory, where the filter cannot look: every hard limit is the soft one and there is
+    no CAP_SYS_RESOURCE, so raising any limit fails; RLIMIT_NICE 0, so no nice below the one it started with."""
+    r = run(sandbox, (
+        "import os, resource as r\n"
+        "for name in ('RLIMIT_AS', 'RLIMIT_STACK', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_MEMLOCK', 'RLIMIT_NICE'):\n"
+        "    k = getattr(r, name); soft, hard = r.getrlimit(k)\n"
+        "    for new in ((hard, hard + 1), (soft + 1, hard)) if hard != r.RLIM_INFINITY else ((hard, hard),):\n"
+        "        try:\n"
+        "            r.setrlimit(k, new); print('RAISED', name, (soft, hard), new)\n"
+        "        except (ValueError, OSError):\n"
+        "            print('held', name)\n"
+        "try:\n"
+        "    os.setpriority(os.PRIO_PROCESS, 0, -1); print('RAISED priority')\n"
+        "except OSError:\n"
+        "    print('held priority')\n"
+        "os.setpriority(os.PRIO_PROCESS, 0, 5); print('lowered to', os.getpriority(os.PRIO_PROCESS, 0))\n"
+    ))
+    assert r.status == Status.OK and "RAISED" not in r.stdout and "lowered to 5" in r.stdout, r
+
+
+def test_a_file_written_in_the_scratch_is_never_executed(tmp_path):
+    """Landlock itself (``recipe/tools/landlock.py``) withholds EXECUTE below the writable directory: a script the
+    program wrote cannot be run, whatever its mode (the root tmpfs's noexec would hide a regression here)."""
+    import subprocess
+    import sys
+
+    from recipe.tools.landlock import abi
+
+    if isinstance(abi(), str):
+        pytest.skip(abi())
+    code = (
+        "import os, sys\n"
+        "from recipe.tools.landlock import restrict\n"
+        "d = sys.argv[1]\n"
+        "open(d + '/x', 'w').write('#!/bin/sh\\necho RAN\\n'); os.chmod(d + '/x', 0o755)\n"
+        "restrict(read=['/usr', '/bin', '/lib', '/lib64', '/etc', sys.prefix, sys.base_prefix], write=[d])\n"
+        "open(d + '/y', 'w').write('written')\n"
+        "try:\n"
+        "    os.execv(d + '/x', [d + '/x'])\n"
+        "except PermissionError:\n"
+        "    print('DENIED')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.stdout == "DENIED\n" and (tmp_path / "y").read_text() == "written", r.stdout + r.stderr
+
+
+@as_root
+def test_as_root_the_scratch_is_a_tmpfs_the_kernel_caps(sandbox):
+    """Nothing to poll: a tmpfs of ``scratch_bytes`` in the program's own mount namespace; writing past it is ENOSPC
+    at once (``disk_limit``), fallocate's ``KEEP_SIZE`` included, and nothing of it reaches the host's disk."""
+    r = run(sandbox, (
+        "import os\n"
+        "st = os.statvfs('.')\n"
+        "print('size', st.f_blocks * st.f_frsize, 'noexec', bool(st.f_flag & os.ST_NOEXEC), flush=True)\n"
+        "fd = os.open('f', os.O_CREAT | os.O_WRONLY)\n"
+        "try:\n"
+        "    os.posix_fallocate(fd, 0, 1 << 30)\n"
+        "except OSError as e:\n"
+        "    print('fallocate', e.errno, flush=True)\n"
+        "open('g', 'wb').write(b'x' * (64 << 20))\n"
+    ))
+    assert r.status == Status.DISK_LIMIT, r
+    assert r.stdout.splitlines()[:2] == [f"size {LIMITS.scratch_bytes} noexec True", "fallocate 28"], r
+    assert os.listdir(sandbox.scratch_root) == []
+
+
+def test_a_deep_unreadable_tree_is_removed_and_run_returns(sandbox):
+    """A 3,000-deep tree whose directories lose every right (an old ``rmtree`` raised RecursionError out of ``run``
+    and left it in the scratch root)."""
+    r = run(limited(sandbox, wall_timeout_s=120), (
+        "import os\n"
+        "fd = os.open('.', os.O_RDONLY)\n"
+        "for i in range(3000):\n"
+        "    os.mkdir('d', dir_fd=fd); n = os.open('d', os.O_RDONLY, dir_fd=fd); os.close(fd); fd = n\n"
+        "os.close(os.open('f', os.O_CREAT | os.O_WRONLY, 0, dir_fd=fd))\n"
+        "os.mkdir('hidden', 0o300)\n"
+        "open('hidden/data', 'wb').write(b'x' * (1 << 20))\n"
+        "os.chmod('d', 0)\n"
+        "print('built')\n"
+    ))
+    assert "built" in r.stdout or r.status == Status.DISK_LIMIT, r
+    assert os.listdir(sandbox.scratch_root) == []
+
+
+def test_run_never_raises(sandbox, monkeypatch):
+    """A failure of the sandbox itself (here: its launcher's path) is one ``sandbox_error``, and nothing is left."""
+    def broken():
+        raise RuntimeError("broken launcher path")
+
+    monkeypatch.setattr(landlock_sandbox, "_launcher_path", broken)
+    r = run(sandbox, "print(1)")
+    assert r.status == Status.SANDBOX_ERROR and "broken launcher path" in r.detail, r
+    assert os.listdir(sandbox.scratch_root) == []
+
+
+@as_root
+def test_a_scratch_root_nobody_can_reach_is_refused_by_name(tmp_path):
+    backend = LandlockBackend(limits=LIMITS, scratch_root=str(tmp_path))  # pytest's: root's only
+    r = run(backend, "print(1)")
+    assert r.status == Status.SANDBOX_ERROR and "SANDBOX_SCRATCH_ROOT" in r.detail and "65534" in r.detail, r
+
+
+def test_the_preflight_counts_the_root_tmpfs(monkeypatch):
+    """Started as root, each landlock sandbox's scratch is a tmpfs in RAM beside its address space: the node's bound
+    adds ``scratch_bytes``; not root, the scratch is on disk and the bound is ``memory_bytes`` alone."""
+    from omegaconf import OmegaConf
+
+    from recipe.preflight.knobs import ARR
+    from recipe.preflight.tools import sandbox_memory
+
+    class Tool:
+        name, max_concurrency = "code_interpreter", 2
+        backend = make_backend("landlock", {"limits": {"memory_bytes": 512 * MiB, "scratch_bytes": 256 * MiB}},
+                               environ={})
+
+    cfg = OmegaConf.create({ARR: {"rollout": {"agent": {"num_workers": 4}}}, "trainer": {"nnodes": 1}})
+    monkeypatch.setattr(landlock_sandbox.os, "geteuid", lambda: 0)
+    total, how = sandbox_memory(cfg, [Tool()], "t.yaml")
+    assert total == 4 * 2 * 768 * MiB and "tmpfs" in how, how
+    monkeypatch.setattr(landlock_sandbox.os, "geteuid", lambda: 4242)
+    assert sandbox_memory(cfg, [Tool()], "t.yaml")[0] == 4 * 2 * 512 * MiB

@@ -61,7 +61,24 @@ def test_conditional_rules_pin_their_arguments():
     assert all(r.args == ((0, "eq", 0, 0),) for r in flat if r.name == "prlimit64")
     # setsockopt never raises a socket's buffers (kernel memory outside RLIMIT_AS and, on some kernels, the cgroup)
     opts = [r.args for r in ns if r.name == "setsockopt"]
-    assert ((1, "ne", 1, 0),) in opts and all(a[1][2] not in (7, 8, 32, 33) for a in opts if len(a) == 2)
+    assert {a[0] for a in opts if len(a) == 1} == {(1, "eq", v, 0) for v in (0, 6, 17, 41)}
+    assert all(a[1][2] not in (7, 8, 32, 33) for a in opts if len(a) == 2)
+    # getpriority/setpriority: PRIO_PROCESS (which == 0) and the caller (who == 0, or its pid where it is known)
+    for policy, whos in ((syscalls.Policy(), {0}), (syscalls.Policy(processes=False, signal_pid=4242), {0, 4242})):
+        for name in ("getpriority", "setpriority"):
+            got = [r.args for r in syscalls.rules(policy) if r.name == name]
+            assert sorted(got) == sorted(((0, "eq", 0, 0), (1, "eq", w, 0)) for w in whos), (name, got)
+    assert not {"sched_setscheduler", "sched_setparam", "sched_setattr"} & syscalls.allowed_names()
+
+
+def test_allow_rules_compare_what_the_kernel_reads():
+    """An allow rule compares an argument with ``eq`` (all 64 bits: a value with bits above the kernel's 32-bit
+    ``int`` equals no allowed value) or, for ``clone``'s 64-bit flags, masks them; never ``ne`` or ``ge``, which
+    let ``SOL_SOCKET | 1 << 32`` pass as "not SOL_SOCKET" while the kernel reads SOL_SOCKET."""
+    for policy in (syscalls.Policy(), syscalls.Policy(processes=False, sockets=False, signal_pid=123)):
+        for r in syscalls.rules(policy):
+            if r.action == "allow":
+                assert all(op == "eq" or (r.name == "clone" and op == "masked_eq") for _, op, _, _ in r.args), r
 
 
 @pytest.fixture(scope="module")
