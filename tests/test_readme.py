@@ -63,3 +63,31 @@ def test_the_quick_start_names_the_recipes_switches():
         assert switch in quick, switch
     assert "--output /data/aime24.parquet" in quick  # the TEST_FILE it uses is made there
     assert KNOB["POLICY_PRESET"].choices and "best-onpolicy-spec" in KNOB["POLICY_PRESET"].choices
+
+
+def test_every_speed_figure_names_its_source():
+    """A speed-up in the defaults table says where it comes from (issue 46: figures from two simulators on two GPUs
+    read as one): each ``N.NNx`` in the "what it buys" column carries a ``[...]`` source tag, and each tag is
+    explained with its command under the table."""
+    sources = SECTION[SECTION.rindex("|"):]  # the prose under the table
+    tags = set()
+    for row in ROWS:
+        for cell in re.split(r"(?<=\])", row[3]):
+            if re.search(r"\d\.\d+x", cell):
+                tag = re.search(r"\[([^\]]+)\]\s*$", cell.strip())
+                assert tag, f"README's speed figure without a source: {row[0]!r}: {cell.strip()!r}"
+                tags.add(tag.group(1))
+    assert tags, "no speed figure found in the defaults table"
+    for tag in tags:
+        assert f"**[{tag}]**" in sources, f"source [{tag}] is not explained under the table"
+    assert "python -m recipe.sim" in sources and "bench/group_drafter_sim.py" in sources
+
+
+def test_the_logger_defaults_are_stated():
+    """What a newcomer's run logs to, as the code does it: the loggers' default, wandb online only with a key, and the
+    project's name."""
+    assert f"`TRAINER_LOGGER={KNOB['TRAINER_LOGGER'].default}`" in README
+    assert "wandb" in KNOB["TRAINER_LOGGER"].default and "WANDB_API_KEY" in KNOB["WANDB_MODE"].default_doc
+    assert "online when `WANDB_API_KEY` is set, offline" in README
+    assert f"`PROJECT_NAME` (`{KNOB['PROJECT_NAME'].default}`)" in README
+    assert "disabled" in KNOB["WANDB_MODE"].choices and "`WANDB_MODE=disabled`" in README
