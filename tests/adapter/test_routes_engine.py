@@ -78,9 +78,10 @@ def tool_records(tool_route_records):
 
 @pytest.mark.trained_model
 def test_multi_turn_routes_cover_tool_replies_and_every_trained_token(tool_records):
-    """verl's loop keeps the last turn's routes: its prefill covered the earlier turns and the tool replies (mask 0),
-    so every trained token of every turn is routed as the model routes it; a trajectory handed back from the store
-    gets the same routes from one prefill."""
+    """verl's loop keeps the last turn's routes: the recipe's client hands it the earlier turns' rows plus those the
+    last turn's prefill returned (its new tokens, tool replies included: ``routed_experts_prompt_start``), so every
+    trained token of every turn is routed as the model routes it; a trajectory handed back from the store gets the
+    same routes from one prefill."""
     recs, reference = tool_records
     assert list(recs) == list(MULTI_TURN_PATHS)
     turns, back = recs.values()
@@ -95,3 +96,51 @@ def test_multi_turn_routes_cover_tool_replies_and_every_trained_token(tool_recor
               f"{int(wrong.sum())} differ")
         assert not wrong.any(), f"{path}: {int(wrong.sum())} of {wrong.size} routes differ"
         assert (np.sort(r.routes[1:n].astype(np.int64), axis=-1) != reference[path][:n - 1]).any(-1).mean() > 0.25
+
+
+class _Returned:
+    """A server client that keeps what the engine returned for each request: its sampling params and route rows."""
+
+    def __init__(self, inner):
+        self.inner, self.requests = inner, []
+
+    async def generate(self, request_id, **kw):
+        out = await self.inner.generate(request_id, **kw)
+        self.requests.append((dict(kw["sampling_params"]), len(kw["prompt_ids"]), out))
+        return out
+
+
+def test_a_later_turn_returns_only_its_new_tokens_routes_and_held_plus_new_are_the_models(vllm_engine,
+                                                                                         tiny_artifacts):
+    """``recipe.adapter.routes.NewRoutesOnly`` on the real engine: the second turn's prompt (the first turn, a tool
+    reply) asks vLLM to skip the rows the first turn returned (``routed_experts_prompt_start``); vLLM returns only
+    the new tokens' rows, and the held rows plus those are the model's own routing of the whole conversation (a
+    transformers forward), row for row."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from recipe.adapter.routes import PROMPT_START, NewRoutesOnly
+    from recipe.route_record.engine import EngineServerManager
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_artifacts.model_dir)
+    server = _Returned(EngineServerManager(vllm_engine, prompt_length=256, response_length=64, routing_replay=True))
+    client = NewRoutesOnly(server)
+    params = {"temperature": 1.0, "max_tokens": 6, "ignore_eos": True}
+
+    async def go():
+        context = tokenizer.encode("What is twelve times seven, plus three?", add_special_tokens=False)
+        first = await client.generate("t", prompt_ids=list(context), sampling_params=dict(params))
+        context += list(first.token_ids) + tokenizer.encode(" tool says 87.", add_special_tokens=False)
+        second = await client.generate("t", prompt_ids=list(context), sampling_params=dict(params))
+        return first, second, context + list(second.token_ids)
+
+    first, second, ids = vllm_engine.run(go(), timeout=300)
+    (asked1, prompt1, _), (asked2, prompt2, raw2) = server.requests
+    held = prompt1 + len(first.token_ids) - 1
+    assert PROMPT_START not in asked1 and asked2[PROMPT_START] == held
+    assert len(raw2.routed_experts) == prompt2 + len(second.token_ids) - 1 - held  # only the new tokens' rows
+    model = AutoModelForCausalLM.from_pretrained(tiny_artifacts.model_dir, dtype=torch.float32).eval()
+    reference = model_routes(model, ids)[0][: len(ids) - 1]
+    mine = np.sort(second.routed_experts.astype(np.int64), axis=-1)
+    assert mine.shape == reference.shape
+    wrong = (mine != reference).any(-1)
+    assert not wrong.any(), f"{int(wrong.sum())} of {wrong.size} routes differ"

@@ -909,3 +909,33 @@ def test_r3_a_re_prefill_queues_at_the_rows_priority_under_the_trajectorys_reque
     assert group_prompt(prefill["request_id"], prefill["prompt_ids"]) == out.prompt_ids
     assert out.response_mask == first.response_mask
     assert_routes_every_row(out)
+
+
+def test_r3_each_turn_asks_only_for_its_new_tokens_routes(tokenizer_dir, tokenizer, tmp_path, r3_model_dir):
+    """Every turn's prompt is the conversation so far: vLLM's ``routed_experts_prompt_start`` skips the rows the
+    earlier turns returned (the routes traffic of a trajectory is its final routes once, not once per turn), and verl,
+    which keeps the last turn's routes, still gets every row of the trajectory in place."""
+    from recipe.adapter.routes import PROMPT_START
+
+    class SkippingServer(ScriptedServer):
+        """Routes as vLLM returns them with ``routed_experts_prompt_start``: row ``i`` names position ``i``."""
+
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
+            start = sampling_params.get(PROMPT_START, 0)
+            assert 0 <= start < len(prompt_ids)  # vLLM's scheduler asserts it
+            rows = np.arange(start, len(prompt_ids) + len(out.token_ids) - 1) % 200
+            return out.model_copy(update={"routed_experts": np.broadcast_to(
+                rows[:, None, None], (len(rows), *R3_SHAPE)).astype(np.uint8)})
+
+    cfg = compose(tokenizer_dir, tmp_path, response_length=128, extra=[R3], model=r3_model_dir)
+    server = SkippingServer(tokenizer, [(CALL, "completed"), (ANSWER, "completed")], routes=True)
+    out = run_loop(cfg, tokenizer, server, load_tools(CALC_CONFIG), {"temperature": 1.0}, **row())
+    first, second = server.calls
+    call_turn = tokenizer.encode(CALL, add_special_tokens=False)
+    assert PROMPT_START not in first["sampling_params"]
+    # the rows the first turn returned: its prompt and reply but the reply's last token (never forwarded)
+    assert second["sampling_params"][PROMPT_START] == len(first["prompt_ids"]) + len(call_turn) - 1
+    assert second["prompt_ids"][:len(first["prompt_ids"]) + len(call_turn)] == first["prompt_ids"] + call_turn
+    rows = len(out.prompt_ids) + len(out.response_ids) - 1
+    np.testing.assert_array_equal(out.routed_experts[:, 0, 0], np.arange(rows) % 200)
