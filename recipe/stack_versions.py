@@ -27,7 +27,10 @@ IMAGE = "verlai/verl:vllm024.dev2"
 DOC = "docs/install-gpu.md"
 # The stack of requirements/gpu.txt and of verl's image (vLLM 0.24.0's torch pin; PyPI's build is CUDA 13.0).
 TESTED = {"vllm": "0.24.0", "megatron-core": "0.18.0", "megatron-bridge": "0.5", "transformer-engine": "2.16.1",
-          "torch": "2.11.0", "cuda": "13.0", "transformers": "5.9.0"}
+          "torch": "2.11.0", "cuda": "13.0", "transformers": "5.9.0",
+          # pinned by neither verl (TransferQueue>=0.1.10, ray>=2.41.0) nor vLLM; R3 and the over-sample path
+          # depend on TransferQueue's behaviour, and every run on Ray's
+          "transferqueue": "0.1.11", "ray": "2.60.0"}
 # Floors below which verl 0.9.1's own code refuses to run (verl.third_party.vllm; verl.models.mcore).
 MINIMUM = {"vllm": "0.18.0", "megatron-core": "0.13.0"}
 
@@ -40,6 +43,8 @@ DISTRIBUTIONS = {
     "transformer-engine": ("transformer-engine", "transformer-engine-cu13", "transformer-engine-cu12"),
     "torch": ("torch",),
     "transformers": ("transformers",),
+    "transferqueue": ("transferqueue",),
+    "ray": ("ray",),
 }
 TE_TORCH_MODULE = "transformer_engine_torch"  # TE's compiled PyTorch extension (PyPI: an sdist only)
 
@@ -177,7 +182,8 @@ def _gpu_part_problems(stack: Stack) -> list[Problem]:
 
 def _tested_notes(stack: Stack) -> list[Problem]:
     notes = []
-    for part in ("vllm", "megatron-core", "megatron-bridge", "transformer-engine", "torch", "transformers"):
+    for part in ("vllm", "megatron-core", "megatron-bridge", "transformer-engine", "torch", "transformers",
+                 "transferqueue", "ray"):
         got = stack.parts[part]
         if got is not None and not _matches(got.version, TESTED[part]):
             notes.append(Problem("note", f"{part} {got.version} differs from the tested {TESTED[part]}"))

