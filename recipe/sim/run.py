@@ -157,6 +157,7 @@ class ModelExecutor:
         timing = simulate_step(todo[live], self.engine, np.random.default_rng([self.seed, epoch, global_step]),
                                context0=self.engine.prompt_len + launch.have[live], priority=priority,
                                predicted=outstanding, placement=placement, speculation=spec, groups=groups)
+        self.last_timing = timing  # per replica busy time: where a subclass finds the GPUs idle in the tail
         finish = np.zeros(todo.shape)
         finish[live] = timing.finish_time
         kept, t_end = np.ones(len(plan.rows), bool), timing.time_s

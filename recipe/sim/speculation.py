@@ -58,8 +58,9 @@ Charged besides the roofline (each an input with its source, none measured on a 
   percent of a TP4 MoE decode step at large batch), applied to the tail mode only.
 
 Still left out: the sampler and rejection sampler over the 152K vocabulary for ``B (1 + k)`` positions; the variance of
-the accepted length (only its mean); the draft model's cost (EAGLE: none ships); arctic-inference's suffix-tree
-update time; Dynamic SD's limits (off with DP > 1; suffix asserts a fixed K until vLLM PR #46399).
+the accepted length (only its mean); a learned drafter's forwards (here; ``recipe.sim.draft_head`` charges an
+EAGLE-3 head's, its training and memory: ``python -m recipe.sim.learned``); arctic-inference's suffix-tree update
+time; Dynamic SD's limits (off with DP > 1; suffix asserts a fixed K until vLLM PR #46399).
 """
 from __future__ import annotations
 
