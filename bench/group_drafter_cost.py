@@ -19,7 +19,8 @@ per token at 8 and 32 turns.
 Cost: CPU seconds of the calling thread inside ``GroupCorpus.step`` per emitted token (CPU time, not wall time: the
 machine is shared, and wall time moved 2-3x between runs) (prompt hashing, the group's one-off prompt
 indexing, reading every token, drafting, eviction). Memory: the corpus's arrays (``stats()["bytes"]``) per token held
-(each group's prompt once, then every text's own tokens), at the end of the first epoch, before any eviction.
+(each group's prompt once, then every text's own tokens), at the end of the first epoch, before any eviction (after
+eviction, under a byte bound, and a re-index's costliest step: ``bench/group_corpus_bytes.py``).
 
 Reproduce: ``.venv/bin/python bench/group_drafter_cost.py`` (~3 min on 2 shared cores; ``--response 2048`` for a
 quick look).

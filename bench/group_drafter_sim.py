@@ -14,10 +14,15 @@ Policies: ``best-onpolicy-spec`` (tail cut at the truncation budget, longest-fir
 ``tailcut-budget-spec-off`` (the same without speculation); speed-ups over ``baseline`` (verl's random order),
 epochs 1-3 (an epoch's history is there from epoch 1), mean of trace seeds 0-2, H200.
 
-Reproduce: ``.venv/bin/python bench/group_drafter_sim.py`` (~4 min on 2 shared cores).
+The history an engine keeps is the users' scale's (17,408 prompts x 16 over 4 engines, ~6.2k-token texts): its
+count bound (``ROLLOUT_SPECULATIVE_SUFFIX_CACHED``) and byte bound (``--corpus-gib``, ``ROLLOUT_SPECULATIVE_CORPUS_GIB``
+per engine), whichever keeps fewer texts; the summary names which binds.
+
+Reproduce: ``.venv/bin/python bench/group_drafter_sim.py [--corpus-gib GIB]`` (~4 min on 2 shared cores).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,6 +34,7 @@ for p in (ROOT, ROOT / "bench"):
 
 from spec_measured import ALWAYS, CUT, GPU, SHAPES, speedup  # noqa: E402
 
+from recipe.drafting.bounds import CORPUS_GIB, DEFAULT_CORPUS_GIB  # noqa: E402
 from recipe.sim.corpus_limits import EngineLimits, engine_tokens_per_step  # noqa: E402
 from recipe.sim.speculation import AcceptanceCurve, SpecCost  # noqa: E402
 
@@ -57,8 +63,14 @@ def cost(tau_drafted, *, cpu: float = GROUP_S_PER_TOKEN, affinity: bool = True, 
                             group_affinity=affinity, curve=AcceptanceCurve((0,), (tau,), (drafted,)))
 
 
-def main() -> int:
-    lim = EngineLimits()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="bench/group_drafter_sim.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus-gib", type=float, default=DEFAULT_CORPUS_GIB, help=f"{CORPUS_GIB} per engine")
+    args = ap.parse_args(argv)
+    try:
+        lim = EngineLimits(corpus_gib=args.corpus_gib)
+    except ValueError as exc:
+        ap.error(f"--corpus-gib: {exc}")
     engine = (engine_tokens_per_step(HISTORY[0], OWN_GROUP[0], lim), HISTORY[1])
     rows = [
         ("tail cut alone (no speculation)", None, None),
@@ -75,8 +87,10 @@ def main() -> int:
          cost(HISTORY, cpu=OLD_S_PER_TOKEN, affinity=False, ragged=False)),
     ] + [(f"math, own + group, no history, set {i + 1} ({m[0]}; as issue 43 reports it, not measured here)", m,
            cost(m)) for i, m in enumerate(MATH_SETS)]
-    print(f"Reproduce: `{COMMAND}`. Speed-up over `baseline`, epochs 1-3, mean of seeds 0-2, {GPU}; all rows but the "
-          "first run `best-onpolicy-spec` (the tail cut's order and cut, drafting at every step).\n")
+    command = COMMAND + (f" --corpus-gib {args.corpus_gib:g}" if args.corpus_gib != DEFAULT_CORPUS_GIB else "")
+    print(f"Reproduce: `{command}`. Later epochs at the users' scale: {lim.bound_line}, "
+          f"{lim.history_share:.1%} find their history. Speed-up over `baseline`, epochs 1-3, mean of seeds 0-2, {GPU}; "
+          "all rows but the first run `best-onpolicy-spec` (the tail cut's order and cut, drafting at every step).\n")
     print("| drafter (tokens per step) | " + " | ".join(SHAPES) + " |")
     print("|---|" + "---|" * len(SHAPES))
     for label, _, c in rows:

@@ -44,6 +44,8 @@ SMOKE_VALUES = {
     "TOTAL_EPOCHS": "3",
     "TRAINER_TEST_FREQ": "4",
     "TRAINER_VAL_BEFORE_TRAIN": "1",
+    # with ROLLOUT_SPECULATIVE=group (scripts/gpu_check.sh): a GiB holds the tiny run's whole history
+    "ROLLOUT_SPECULATIVE_CORPUS_GIB": "1",
     # Random weights produce responses up to the limit: a low floor makes the cap shorten them from epoch 2 on.
     "VLLM_ROLLOUT_EARLY_STOP_MIN_TOKENS": "64",
     # 1024-token buckets would hold every tiny response in one bucket (no ordering at all).

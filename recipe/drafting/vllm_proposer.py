@@ -20,16 +20,42 @@ ranks answer empty drafts at no cost. ``tests/spec/test_vllm_spec_contract.py`` 
 
 Settings come from vLLM's own suffix-decoding fields of the speculative config, which mean the same here:
 ``suffix_decoding_max_tree_depth`` the longest match, ``suffix_decoding_max_cached_requests`` the finished texts
-kept; ``num_speculative_tokens`` the most drafted per step. vLLM verifies whatever is proposed with its rejection
-sampler: the proposer cannot change what is sampled.
+kept; ``num_speculative_tokens`` the most drafted per step. The corpus's byte bound is not a vLLM field: it comes
+from ``ROLLOUT_SPECULATIVE_CORPUS_GIB`` in the worker's environment (the launcher sends it through Ray's runtime
+environment). vLLM verifies whatever is proposed with its rejection sampler: the proposer cannot change what is
+sampled.
+
+**Start-up.** The output rank warms the corpus's numba kernels before the first step (compiled once per node, loaded
+by the other engines: ``recipe/drafting/kernels.py``) and logs one line: the corpus starts empty, so after a restart
+a prompt drafts without its earlier epochs' responses until its group has run on this engine again; the bounds; what
+the kernels cost and where their cache is.
 """
 from __future__ import annotations
 
+import logging
+import os
+
 import numpy as np
 
-from recipe.drafting.corpus import GroupCorpus
+from recipe.drafting.bounds import CORPUS_GIB, DEFAULT_CORPUS_GIB
+from recipe.drafting.corpus import GroupCorpus, restart_notice, warm_up
 
 MARK = "recipe_group_drafter"
+logger = logging.getLogger("vllm.recipe.drafting")  # under vLLM's logger: its handler and format, INFO shown
+
+
+def corpus_bytes(environ=None) -> int:
+    """The corpus's byte bound per engine, from ``ROLLOUT_SPECULATIVE_CORPUS_GIB`` (GiB; the recipe's default when
+    unset); ``environ`` defaults to the process's environment as it is at the call."""
+    raw = (os.environ if environ is None else environ).get(CORPUS_GIB, "")
+    try:
+        gib = float(raw) if raw else DEFAULT_CORPUS_GIB
+    except ValueError:
+        gib = -1.0
+    if not 0 <= gib < float("inf"):
+        raise ValueError(f"{CORPUS_GIB}={raw!r} must be a number of GiB >= 0 (per engine): export {CORPUS_GIB}="
+                         f"{DEFAULT_CORPUS_GIB:g}, or unset it for that default")
+    return int(gib * 2**30)
 
 
 def drafts_reach_the_scheduler() -> bool:
@@ -49,9 +75,13 @@ class GroupProposer:
     def __init__(self, vllm_config):
         spec = vllm_config.speculative_config
         self.max_model_len = vllm_config.model_config.max_model_len
-        self.corpus = GroupCorpus(k=spec.num_speculative_tokens, max_n=spec.suffix_decoding_max_tree_depth,
-                                  max_finished=spec.suffix_decoding_max_cached_requests) \
-            if drafts_reach_the_scheduler() else None
+        self.corpus = None
+        if drafts_reach_the_scheduler():
+            self.corpus = GroupCorpus(k=spec.num_speculative_tokens, max_n=spec.suffix_decoding_max_tree_depth,
+                                      max_finished=spec.suffix_decoding_max_cached_requests, max_bytes=corpus_bytes())
+            cost = warm_up()
+            logger.info("%s; kernels %s in %.1f s (numba cache %s)", restart_notice(self.corpus),
+                        "compiled" if cost["compiled"] else "loaded", cost["seconds"], cost["cache"])
         self.batch = None  # the runner's InputBatch, set before each propose (bind_input_batch)
         bind_input_batch()
 

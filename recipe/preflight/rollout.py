@@ -50,39 +50,59 @@ def check_rollout(cfg: Mapping, hf: dict | None, world: int, errors: list[str]) 
     errors.extend(speculative_problems(cfg))
 
 
-# recipe/drafting/corpus.py's arrays per token held (bench/group_drafter_cost.py, depth 8: 39-43 B on code and prose,
-# 52-56 B on random tokens, where every window is new; plus room for a table that has just doubled)
-GROUP_BYTES_PER_TOKEN = 72
+# recipe/drafting/corpus.py's arrays per token held at an epoch's end after eviction (capacity, stale windows and the
+# re-indexes in progress included): 93-182 B on math-like, code and random text at epochs 2-4
+# (bench/group_corpus_bytes.py), 217 B where a whole epoch's groups finish in one batch
+# (tests/spec/test_corpus_bound.py); the worst, rounded up
+GROUP_BYTES_PER_TOKEN = 224
+# its numba kernels at engine start-up, CPU seconds (bench/group_corpus_bytes.py): compiled by a node's first engine,
+# loaded from numba's cache by the others
+GROUP_KERNELS_COMPILE_S, GROUP_KERNELS_LOAD_S = 2.0, 0.2
 
 
 def group_drafter_memory(cfg: Mapping, errors: list[str], notes: list[str], node_memory: int | None) -> None:
     """``ROLLOUT_SPECULATIVE=group``: each engine's output rank keeps a drafting corpus in host memory (the other TP
-    ranks keep none: recipe/drafting/vllm_proposer.py), bounded by the finished texts it keeps
-    (``ROLLOUT_SPECULATIVE_SUFFIX_CACHED``) plus the running ones, each up to a prompt and a response long; the bound
-    for one node's engines is stated with how many steps of history it holds, and refused above a quarter of the
-    node's memory."""
+    ranks keep none: recipe/drafting/vllm_proposer.py), bounded per engine by ``ROLLOUT_SPECULATIVE_CORPUS_GIB``
+    (running texts are never evicted) and by the finished texts it keeps (``ROLLOUT_SPECULATIVE_SUFFIX_CACHED``), each
+    text up to a prompt and a response long at the measured bytes per token. The worst case for one node's engines
+    is stated with the history it holds and the memory it was checked against: the rollout nodes' (``node_memory``
+    is the launcher's: used only where the launcher is the rollout node, recipe/preflight/nodes.py); refused above
+    a quarter of it."""
     from ..core.routing_cost import WARN_SHARE_OF_NODE_MEMORY, fmt_bytes
+    from ..drafting.bounds import CORPUS_GIB, DEFAULT_CORPUS_GIB, RAY_ENV_KEY
     from ..rollout_spec import GROUP_PROPOSER, KEY
+    from .nodes import rollout_node_memory
 
     spec = select(cfg, KEY)
     if not isinstance(spec, Mapping) or spec.get("model") != GROUP_PROPOSER:
         return
     r = lambda k: select(cfg, f"{ARR}.rollout.{k}")  # noqa: E731
-    kept = spec.get("suffix_decoding_max_cached_requests", 0)
-    tokens = select(cfg, "data.max_prompt_length") + select(cfg, "data.max_response_length")
-    per_engine = (kept + r("max_num_seqs")) * tokens * GROUP_BYTES_PER_TOKEN
+    kept, seqs = spec.get("suffix_decoding_max_cached_requests", 0), r("max_num_seqs")
+    gib = float(select(cfg, RAY_ENV_KEY, DEFAULT_CORPUS_GIB))
+    text = (select(cfg, "data.max_prompt_length") + select(cfg, "data.max_response_length")) * GROUP_BYTES_PER_TOKEN
+    running = seqs * text
+    per_engine = min((kept + seqs) * text, max(int(gib * 2**30), running))
+    binding = "ROLLOUT_SPECULATIVE_SUFFIX_CACHED" if (kept + seqs) * text <= gib * 2**30 else CORPUS_GIB
     engine_gpus = r("tensor_model_parallel_size") * (r("pipeline_model_parallel_size") or 1)
     engines = max(1, select(cfg, "trainer.n_gpus_per_node") // engine_gpus)
     per_node = per_engine * engines
     texts_per_step = (select(cfg, "data.train_batch_size") * r("n")
                       / max(1, engines * (select(cfg, "trainer.nnodes") or 1)))
+    history = min(kept, max(0, per_engine - running) // text)
+    memory, where = rollout_node_memory(node_memory)
     what = (f"ROLLOUT_SPECULATIVE=group keeps up to {fmt_bytes(per_node)} of drafting corpus per node ({engines} "
-            f"engines x {fmt_bytes(per_engine)}, one corpus per engine on its output rank: "
-            "(ROLLOUT_SPECULATIVE_SUFFIX_CACHED + ROLLOUT_MAX_NUM_SEQS) x (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH) x "
-            f"{GROUP_BYTES_PER_TOKEN} B, at most: most responses end sooner); its history holds ~{kept / texts_per_step:.0f} "
-            "steps of an engine's texts")
-    if node_memory and per_node > WARN_SHARE_OF_NODE_MEMORY * node_memory:
-        errors.append(f"{what}, more than {WARN_SHARE_OF_NODE_MEMORY:.0%} of this node's {fmt_bytes(node_memory)}: "
-                      "lower ROLLOUT_SPECULATIVE_SUFFIX_CACHED (the prompt's history shrinks)")
+            f"engines x {fmt_bytes(per_engine)}, one corpus per engine on its output rank: {CORPUS_GIB}={gib:g} "
+            f"GiB per engine, or (ROLLOUT_SPECULATIVE_SUFFIX_CACHED + ROLLOUT_MAX_NUM_SEQS) x (MAX_PROMPT_LENGTH + "
+            f"MAX_RESPONSE_LENGTH) x {GROUP_BYTES_PER_TOKEN} B per token (the measured worst case after eviction, "
+            f"bench/group_corpus_bytes.py) where smaller, never less than the running texts' {fmt_bytes(running)}: "
+            f"{binding} binds); its history holds ~{history / texts_per_step:.0f} steps of an engine's texts at "
+            f"full length (more where responses end sooner); checked against {where}"
+            f"{f' ({fmt_bytes(memory)})' if memory else ''}; start-up: its numba kernels compile once per node "
+            f"(~{GROUP_KERNELS_COMPILE_S:g} CPU-s, numba's cache: NUMBA_CACHE_DIR, else recipe/drafting/__pycache__) "
+            f"and load in ~{GROUP_KERNELS_LOAD_S:g} CPU-s per engine")
+    if memory and per_node > WARN_SHARE_OF_NODE_MEMORY * memory:
+        errors.append(f"{what}: more than {WARN_SHARE_OF_NODE_MEMORY:.0%} of this node's {fmt_bytes(memory)}: "
+                      f"lower {CORPUS_GIB} (bytes per engine) or lower ROLLOUT_SPECULATIVE_SUFFIX_CACHED (texts kept "
+                      f"per engine), whichever binds ({binding} here; the prompts' history shrinks)")
     else:
         notes.append(what)

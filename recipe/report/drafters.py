@@ -13,9 +13,11 @@ import re
 import zlib
 from pathlib import Path
 
+from recipe.drafting.bounds import CORPUS_GIB, RAY_ENV_KEY
 from recipe.report.load import Run
 from recipe.sim.acceptance import Drafter, estimate, group_from_record, markdown, record_lines
 from recipe.sim.corpus_limits import EngineLimits, engine_line
+from recipe.sim.engine import EngineParams
 from recipe.token_record import step_files
 
 MAX_GROUPS = 200
@@ -84,10 +86,19 @@ def drafter_section(runs: list[Run], boot: int = 1000) -> str:
 
 
 def run_limits(run: Run) -> EngineLimits:
-    """The run's own scale where its config says it (n, batch, engines, finished texts kept; whether its router keeps
-    homes), the users' scale for the rest (the dataset's size is not in the config)."""
+    """The run's own scale where its config says it (n, batch, engines, finished texts kept, the corpus's byte bound
+    ``ROLLOUT_SPECULATIVE_CORPUS_GIB``; whether its router keeps homes) and its traces' mean response (plus the
+    simulator's prompt), the users' scale for the rest (the dataset's size is not in the config)."""
     v = run.config.values if run.config is not None else {}
     d = EngineLimits()
+    gib = v.get(RAY_ENV_KEY, d.corpus_gib)  # the launch sends it as a string (an environment variable)
+    try:
+        gib = float(gib)
+    except (TypeError, ValueError):
+        raise ValueError(f"{run.name}: {RAY_ENV_KEY}={gib!r} in its config is not a number of GiB; "
+                         f"{CORPUS_GIB} is the corpus's bytes per engine (e.g. 24)") from None
+    lengths = run.traces["response_length"] if run.traces is not None and "response_length" in run.traces else None
+    text = d.text_tokens if lengths is None or not len(lengths) else float(lengths.mean()) + EngineParams.prompt_len
 
     def num(key, default):
         x = v.get(key)
@@ -100,7 +111,8 @@ def run_limits(run: Run) -> EngineLimits:
     home = None if router.endswith("group_affinity.yaml") or not v else 1 / engines  # None: the router's model
     return EngineLimits(prompts=d.prompts, n=num("actor_rollout_ref.rollout.n", d.n),
                         batch=num("data.train_batch_size", d.batch), engines=engines,
-                        kept=num(f"{SPEC_KEY}.suffix_decoding_max_cached_requests", d.kept), home=home)
+                        kept=num(f"{SPEC_KEY}.suffix_decoding_max_cached_requests", d.kept), home=home,
+                        corpus_gib=gib, text_tokens=text)
 
 
 def _verdict(report: dict) -> str:

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from . import trace as T
+from ..drafting.bounds import CORPUS_GIB, DEFAULT_CORPUS_GIB
 from .corpus_limits import EngineLimits
 from .engine import GPU_MEMORY_BYTES, GPU_MEMORY_UTILIZATION, EngineParams, fit_engine, kv_tokens_per_replica
 from .policies import POLICIES
@@ -102,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--spec-draft-s-per-new-token", type=float, default=ds.draft_s_per_new_token,
                       help="CPU seconds per emitted token of a drafting sequence (a corpus drafter such as "
                            "ROLLOUT_SPECULATIVE=group: ~1e-6, bench/group_drafter_cost.py measures it)")
+    spec.add_argument("--corpus-gib", type=float, default=DEFAULT_CORPUS_GIB,
+                      help=f"{CORPUS_GIB}: the group corpus's byte bound per engine, which with the trace's mean text "
+                           "keeps the history a history drafter finds (recipe/sim/corpus_limits.py)")
     spec.add_argument("--spec-k", type=int, default=ds.k, help="draft tokens per verify step")
     spec.add_argument("--spec-rho", type=float, default=ds.rho,
                       help="share of a sequence's draft tokens that touch new experts (Cohere: ~0.6)")
@@ -162,7 +166,17 @@ def history_curve(report: dict, drafter: str, curve: AcceptanceCurve, limits: En
     share = limits.history_share
     base = AcceptanceCurve.from_report(report, without)
     return curve.mixed(base, share, f"{curve.source}, {share:.1%} of the responses with their history (the router's "
-                                    f"homes and guard, {limits.kept} texts kept per engine; the rest as {without})")
+                                    f"homes and guard, {limits.bound_line}; the rest as {without})")
+
+
+def trace_limits(trace, args, engine: EngineParams) -> EngineLimits:
+    """The engine's limits at the simulated run: its prompts, n, batch and engines, ``--corpus-gib`` and the trace's
+    mean text (prompt + response, every epoch)."""
+    try:
+        return EngineLimits(prompts=trace.num_prompts, n=trace.n, batch=args.batch_size, engines=engine.replicas,
+                            corpus_gib=args.corpus_gib, text_tokens=float(trace.lengths.mean()) + engine.prompt_len)
+    except ValueError as exc:
+        raise SystemExit(f"--corpus-gib {args.corpus_gib:g}: {exc}") from None
 
 
 def spec_cost(args, limits: EngineLimits | None = None) -> SpecCost:
@@ -336,8 +350,7 @@ def run_report(args) -> dict:
         raise SystemExit(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
     trace = load_trace(args)
     engine, fit = engine_params(args)
-    cost = spec_cost(args, EngineLimits(prompts=trace.num_prompts, n=trace.n, batch=args.batch_size,
-                                        engines=engine.replicas) if args.acceptance_curve else None)
+    cost = spec_cost(args, trace_limits(trace, args, engine) if args.acceptance_curve else None)
     previous = None
     if args.warm_start_from:
         previous = T.load_recorded(args.warm_start_from, censored_as=args.censored_as)

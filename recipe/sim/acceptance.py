@@ -515,8 +515,12 @@ def main(argv: list[str] | None = None) -> int:
                     default=[lim.prompts, lim.n, lim.batch, lim.engines, lim.kept],
                     help="the run's scale for the group drafter's figure under the engine's limits "
                          "(recipe/sim/corpus_limits.py; default: the users' scale)")
+    ap.add_argument("--corpus-gib", type=float, default=lim.corpus_gib,
+                    help="ROLLOUT_SPECULATIVE_CORPUS_GIB: the group corpus's bytes per engine, the other bound on the "
+                         "texts it keeps (at the users' mean text; recipe/sim/corpus_limits.py)")
     args = ap.parse_args(argv)
     try:
+        limits = EngineLimits(*args.engine, corpus_gib=args.corpus_gib)
         drafters = [Drafter.parse(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
         buckets = [int(b) for b in args.buckets.split(",")]
         if buckets[0] != 0 or any(b <= a for a, b in zip(buckets, buckets[1:])):
@@ -526,7 +530,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"python -m recipe.sim.acceptance: {exc}", file=sys.stderr)
         return 2
-    limits = EngineLimits(*args.engine)
     if args.json:
         print(json.dumps(report))
     else:

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .__main__ import build_parser, engine_params, load_trace, spec_cost
-from .corpus_limits import EngineLimits
+from .__main__ import build_parser, engine_params, load_trace, spec_cost, trace_limits
 from .draft_head import (K_MAX, LAG, MATH_HEAD, REF_K, WHERE, ChainAcceptance, DraftHead, Drift, LearnedSpeculation,
                          Training, best_depth, schedule)
 from .run import ModelExecutor, run_policy, summarize
@@ -126,8 +125,7 @@ def group_cost(s: Setup, tau: float | None = None) -> SpecCost:
     a = build_parser().parse_args(["--acceptance-curve", GROUP_FILE, "--drafter", GROUP_DRAFTER, "--gpu", s.args.gpu,
                                    "--spec-draft-s-per-context-token", "0",
                                    "--spec-draft-s-per-new-token", str(GROUP_CPU_S)])
-    cost = spec_cost(a, EngineLimits(prompts=s.trace.num_prompts, n=s.trace.n, batch=s.args.batch_size,
-                                     engines=s.engine.replicas))
+    cost = spec_cost(a, trace_limits(s.trace, s.args, s.engine))
     if tau is None:
         return cost
     drafted = max(cost.curve.drafted[0], tau - 1)

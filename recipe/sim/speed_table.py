@@ -6,7 +6,9 @@ drafter read its acceptance from a file in ``recipe/sim/curves`` (what was measu
 repository, is in each file's ``source``); nothing is a constant in this script. The group drafter is charged 1 us of
 CPU per emitted token (``bench/group_drafter_cost.py``: 0.7-1.0 us in the corpus, issue 43: up to 1.46 us through
 ``GroupProposer.propose``), its router's homes, guard and splits (``recipe/sim/routing.py``) and, with history, the
-share of responses that find it (``recipe/sim/corpus_limits.py``). Figures: speed-up over ``baseline`` (verl's random
+share of responses that find it (``recipe/sim/corpus_limits.py``: the texts an engine keeps, by count and by bytes,
+``--corpus-gib``; at the trace's 1,024 prompts every bound holds an epoch, ``--prompts 17408`` is the users' scale).
+Figures: speed-up over ``baseline`` (verl's random
 order), epochs 1-3, mean of trace seeds 0-2 (``--seed 0``, ``1``, ``2``), H100 (the simulator's defaults).
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
+from ..drafting.bounds import CORPUS_GIB, DEFAULT_CORPUS_GIB
 from .__main__ import build_parser, run_report
 
 CODE, MATH = "recipe/sim/curves/code-humaneval-codet.json", "recipe/sim/curves/math-heldout-issue43.json"
@@ -93,8 +96,12 @@ def table(rows=ROWS, seeds=SEEDS, extra: tuple = ()) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipe.sim.speed_table", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    ap.add_argument("--prompts", type=int, help="the trace's prompts (default: its 1024; the users' scale: 17408)")
+    ap.add_argument("--corpus-gib", type=float, help=f"{CORPUS_GIB} per engine (default {DEFAULT_CORPUS_GIB:g})")
     args = ap.parse_args(argv)
-    print("\n".join(table(seeds=args.seeds)))
+    extra = (*(("--prompts", str(args.prompts)) if args.prompts else ()),
+             *(("--corpus-gib", f"{args.corpus_gib:g}") if args.corpus_gib is not None else ()))
+    print("\n".join(table(seeds=args.seeds, extra=extra)))
     return 0
 
 

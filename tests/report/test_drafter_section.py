@@ -80,9 +80,44 @@ def test_the_engine_limits_come_from_the_runs_config():
               "actor_rollout_ref.rollout.router_config_path": "/x/configs/router/group_affinity.yaml"}
     from recipe.sim.corpus_limits import EngineLimits
 
-    lim = run_limits(SimpleNamespace(config=SimpleNamespace(values=values)))
+    def run(traces=None):
+        return SimpleNamespace(name="r", config=SimpleNamespace(values=values), traces=traces)
+
+    lim = run_limits(run())
     # the group-affinity router: the share its model (recipe.sim.routing) keeps home at the run's own shape
     assert (lim.n, lim.batch, lim.engines, lim.kept) == (8, 64, 4, 5000)
     assert lim.home == pytest.approx(EngineLimits(n=8, batch=64, engines=4).home) and 0.25 < lim.home < 1
     values.pop("actor_rollout_ref.rollout.router_config_path")
-    assert run_limits(SimpleNamespace(config=SimpleNamespace(values=values))).home == 0.25
+    assert run_limits(run()).home == 0.25
+
+
+def test_the_run_limits_read_the_corpus_byte_bound_and_the_traces_lengths():
+    """The launch carries ROLLOUT_SPECULATIVE_CORPUS_GIB as a Ray environment variable (a string in the config):
+    the run's bound, or the default where the config lacks it; the mean text from its traces' responses."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from recipe.drafting.bounds import DEFAULT_CORPUS_GIB, RAY_ENV_KEY
+    from recipe.report.drafters import run_limits
+    from recipe.sim.engine import EngineParams
+
+    values = {"actor_rollout_ref.rollout.n": 16,
+              "actor_rollout_ref.rollout.router_config_path": "/x/configs/router/group_affinity.yaml"}
+
+    def run(traces=None):
+        return SimpleNamespace(name="r", config=SimpleNamespace(values=values), traces=traces)
+
+    default = run_limits(run())
+    assert default.corpus_gib == DEFAULT_CORPUS_GIB and default.history_share > 0.9  # the default holds an epoch
+    values[RAY_ENV_KEY] = "24"
+    small = run_limits(run())
+    assert small.corpus_gib == 24 and small.history_share < 0.1  # the users' scale: bytes bind
+    values[RAY_ENV_KEY] = "96"
+    big = run_limits(run())
+    assert big.corpus_gib == 96 and big.kept_share == 1.0 and big.history_share > 0.9
+    short = run_limits(run(pd.DataFrame({"response_length": [1000, 3000]})))
+    assert short.text_tokens == 2000 + EngineParams.prompt_len and short.kept_texts > big.kept_texts
+    values[RAY_ENV_KEY] = "lots"
+    with pytest.raises(ValueError, match=f"{RAY_ENV_KEY}='lots'.*ROLLOUT_SPECULATIVE_CORPUS_GIB"):
+        run_limits(run())
