@@ -35,8 +35,8 @@ def duplicate_share(path: str | os.PathLike, prompt_key: str = "prompt") -> tupl
         raise DataCheckError(f"{path}: not a readable parquet file ({e})") from e
     if prompt_key not in schema.names:
         raise DataCheckError(
-            f"{path}: no column '{prompt_key}' (data.prompt_key; columns: {', '.join(schema.names)}): set "
-            "data.prompt_key to the prompt column, or convert the file with scripts/prepare_data.py"
+            f"{path}: no column '{prompt_key}' (PROMPT_KEY, data.prompt_key; columns: {', '.join(schema.names)}): "
+            "export PROMPT_KEY=<the prompt column>, or convert the file with scripts/prepare_data.py"
         )
     kind = schema.field(prompt_key).type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):

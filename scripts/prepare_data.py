@@ -1,5 +1,9 @@
 """Convert GSM8K, DAPO-Math-17k, DeepScaleR or AIME 2024 records into verl's RL parquet, one boxed-answer prompt.
 
+Any other parquet needs no conversion: name its prompt and answer columns (``PROMPT_KEY=question
+ANSWER_KEY=answer bash scripts/train_grpo.sh``; the dataset turns plain text into a user message and the answer into
+``reward_model.ground_truth``, ``recipe/user_data.py``), and score it with your own ``REWARD_FUNCTION_PATH``.
+
     python scripts/prepare_data.py --dataset {gsm8k,dapo-math-17k,deepscaler,aime24} \
         --input FILE(.jsonl|.json|.parquet) --output OUT.parquet [--split-test N --test-output TEST.parquet] \
         [--limit N] [--keep-duplicates] [--overwrite] [--tool {calculator,python}]

@@ -3,7 +3,7 @@
 # TP/PP/EP actor and ref from a dist checkpoint, vLLM rollout). The seed's example script, for verl 0.9.1.
 #
 #   MODEL_PATH=... DISTCP_PATH=... TRAIN_FILE=... TEST_FILE=... bash scripts/train_grpo.sh [hydra overrides]
-#   DRY_RUN=1 ... bash scripts/train_grpo.sh     # preflight only: print the command and the resolved settings
+#   DRY_RUN=1 ... bash scripts/train_grpo.sh     # preflight only: the resolved settings; the command into a file
 #   PRESET=smoke bash scripts/train_grpo.sh      # tiny model, 1 GPU, no downloads
 #   bash scripts/train_grpo.sh                   # no MODEL_PATH, no GPU: PRESET=cpu, the recipe through verl on a CPU
 #
@@ -12,7 +12,7 @@
 # Hydra overrides, applied after the ones built from the environment (last one wins).
 #
 # Steps: pick the Python (scripts/lib/python_env.sh) -> preflight on the CPU (parse the variables, compose the real
-# config, verl's and the recipe's checks; all problems at once) -> DRY_RUN: print and stop -> no GPU and no
+# config, verl's and the recipe's checks; all problems at once) -> DRY_RUN: write the command and stop -> no GPU and no
 # RAY_ADDRESS: stop -> smoke preset: convert the tiny model -> python -m recipe.main, console teed into
 # <run dir>/logs/console.<UTC stamp>.log and verl's JSONL metrics in <run dir>/logs/metrics.<UTC stamp>.jsonl.
 # shellcheck disable=SC2154  # PLAN_* are set by the plan file the preflight writes
@@ -65,17 +65,31 @@ logged() {
 }
 
 gpus="$(recipe_gpu_count)"
-if [[ -z "${PRESET:-}" && -z "${MODEL_PATH:-}" ]]; then
+# The real run's inputs (recipe/preflight/knobs.py REAL_RUN_INPUTS): set, they mean the real run, never a preset.
+real_inputs=()
+for name in DISTCP_PATH TRAIN_FILE TEST_FILE; do
+    [[ -z "${!name:-}" ]] || real_inputs+=("$name")
+done
+if [[ -z "${PRESET:-}" && -z "${MODEL_PATH:-}" && ${#real_inputs[@]} -gt 0 ]]; then
+    die 2 "${real_inputs[*]} set but MODEL_PATH is not: the real run needs MODEL_PATH (export" \
+        "MODEL_PATH=/path/to/Qwen3-30B-A3B, a Hugging Face model dir). For a preset on these inputs, name it:" \
+        "PRESET=cpu or PRESET=smoke (nothing was run)"
+fi
+if [[ -n "${PRESET:-}" ]]; then
+    echo "train_grpo.sh: running PRESET=$PRESET (set in the environment)" >&2
+elif [[ -z "${MODEL_PATH:-}" ]]; then
     if (( gpus > 0 )); then
-        echo "train_grpo.sh: MODEL_PATH is not set on a GPU machine: running the 1-GPU smoke preset (PRESET=smoke)" >&2
+        echo "train_grpo.sh: running the 1-GPU smoke preset (PRESET=smoke): MODEL_PATH is not set and this" \
+            "machine has a GPU" >&2
         export PRESET=smoke
     elif [[ -z "${RAY_ADDRESS:-}" ]]; then
         cat >&2 <<'BANNER'
-train_grpo.sh: no MODEL_PATH and no GPU here: running the CPU preset (PRESET=cpu), the whole recipe through
-  verl 0.9.1's own training loop on this CPU in a few minutes: a tiny Qwen3-MoE trained here on synthetic tasks
-  (countdowns whose length the prompt sets; MULTI_TURN=1: calculator problems with real tool calls; CPU_MODEL=random:
-  the random model on a smoke reward), verl's FSDP engine and one vLLM CPU replica, with the length-aware sampler and
-  the response cap on. It proves the wiring, not the speed-up (docs/cpu-run.md). For the real job on a GPU cluster:
+train_grpo.sh: running the CPU preset (PRESET=cpu): MODEL_PATH is not set, no GPU is visible, no RAY_ADDRESS.
+  The whole recipe through verl 0.9.1's own training loop on this CPU in a few minutes: a tiny Qwen3-MoE trained
+  here on synthetic tasks (countdowns whose length the prompt sets; MULTI_TURN=1: calculator problems with real tool
+  calls; CPU_MODEL=random: the random model on a smoke reward), verl's FSDP engine and one vLLM CPU replica, with the
+  length-aware sampler and the response cap on. It proves the wiring, not the speed-up (docs/cpu-run.md). For the
+  real job on a GPU cluster:
   MODEL_PATH=... DISTCP_PATH=... TRAIN_FILE=... TEST_FILE=... bash scripts/train_grpo.sh   (README: Quick start)
 BANNER
         export PRESET=cpu
@@ -98,8 +112,9 @@ report="$(mktemp)"
 trap 'rm -f "$plan" "$report"' EXIT
 status=0
 # What the chosen Python must hold: the whole GPU stack for a real launch, verl 0.9.1 alone for a check or a CPU run.
+# A DRY_RUN on a GPU node checks the GPU stack as the launch would; without a GPU the report says it did not.
 stack_target=cpu
-if [[ "${DRY_RUN:-0}" != "1" && "${PRESET:-}" != "cpu" ]] && { (( gpus > 0 )) || [[ -n "${RAY_ADDRESS:-}" ]]; }; then
+if [[ "${PRESET:-}" != "cpu" ]] && { (( gpus > 0 )) || [[ -n "${RAY_ADDRESS:-}" ]]; }; then
     stack_target=gpu
 fi
 logged "$report" env RECIPE_STACK_TARGET="$stack_target" "$PY" -m recipe.preflight --plan-out "$plan" -- "$@" \
@@ -115,10 +130,11 @@ launch=(env WANDB_MODE="$PLAN_WANDB_MODE" WANDB_DIR="$PLAN_WANDB_DIR" VERL_FILE_
         "${PLAN_OVERRIDES[@]}" "$@")
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
-    echo "train_grpo.sh: DRY_RUN=1: the command (not run):"
-    printf '%s' "${launch[0]}"
-    printf ' \\\n    %q' "${launch[@]:1}"
-    echo
+    # the full command, one word per line, in a file the user can read or run (bash FILE): ~100 escaped lines that
+    # would bury the summary above
+    command_file="$(mktemp -t --suffix=.sh train_grpo.command.XXXXXX)"  # in $TMPDIR, else /tmp
+    { printf '%s' "${launch[0]}"; printf ' \\\n    %q' "${launch[@]:1}"; echo; } > "$command_file"
+    echo "train_grpo.sh: DRY_RUN=1: nothing was run; the full command is in $command_file (bash $command_file runs it)"
     exit 0
 fi
 

@@ -120,7 +120,7 @@ def test_warning_names_share_and_fix(tmp_path):
         (lambda p: p, "prompt", "not a readable parquet file"),
         (lambda p: (p.write_text("not parquet"), p)[1], "prompt", "not a readable parquet file"),
         (lambda p: write(p, [user("a")]), "question",
-         "no column 'question' (data.prompt_key; columns: prompt): set data.prompt_key"),
+         "no column 'question' (PROMPT_KEY, data.prompt_key; columns: prompt): export PROMPT_KEY="),
         (lambda p: write(p, [[1, 2]]), "prompt",
          "column 'prompt' has type list<element: int64>; expected a list of {role, content} messages"),
         (lambda p: write(p, [[{"text": "a"}]]), "prompt", "expected a list of {role, content} messages"),

@@ -10,6 +10,7 @@ from omegaconf import ListConfig
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from ..traces import prompt_key
+from ..user_data import as_rl_rows
 from .fields import ROW_ID
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,13 @@ class LengthAwareRLHFDataset(RLHFDataset):
     def is_train_set(self) -> bool:
         train_files = self.config.get("train_files")
         return train_files is not None and _as_list(self.original_data_files) == _as_list(train_files)
+
+    def maybe_filter_out_long_prompts(self, dataframe=None):
+        """A user's columns in verl's form first (``data.prompt_key``, ``data.answer_key``: recipe/user_data.py),
+        so verl's length filter and everything after it see chat messages and ``reward_model.ground_truth``."""
+        dataframe = as_rl_rows(dataframe, self.prompt_key, self.config.get("answer_key"),
+                               self.config.get("reward_fn_key", "data_source"))
+        return super().maybe_filter_out_long_prompts(dataframe)
 
     def _read_files_and_tokenize(self):
         super()._read_files_and_tokenize()

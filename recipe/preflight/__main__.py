@@ -6,15 +6,16 @@ import os
 import shlex
 import sys
 
-from . import KNOB, __doc__ as PACKAGE_DOC, dump, env_table_markdown, format_report, parse_env, run_preflight, \
-    write_plan
+from . import KNOB, __doc__ as PACKAGE_DOC, dump, effective_env, env_table_markdown, format_report, parse_env, \
+    run_preflight, write_plan
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipe.preflight", description=PACKAGE_DOC.split("\n\n")[0])
     ap.add_argument("--plan-out", help="write the bash launch plan here (scripts/train_grpo.sh)")
     ap.add_argument("--env-table", action="store_true", help="print the table of variables (docs/training.md) and exit")
-    ap.add_argument("--print-env", nargs="+", metavar="VAR", help="print VAR=value (parsed or default) and exit")
+    ap.add_argument("--print-env", nargs="+", metavar="VAR",
+                    help="print VAR=value as the run would use it (PRESET and POLICY_PRESET applied) and exit")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, applied last")
     args = ap.parse_args(argv)
     if args.env_table:
@@ -22,8 +23,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.print_env:
         unknown = [n for n in args.print_env if n not in KNOB or KNOB[n].kind == "script"]
-        # every variable: a computed default (EXPERIMENT_NAME, ...) reads others; their errors say why it has no value
-        values, errors = parse_env(os.environ)
+        # every variable, with PRESET's and POLICY_PRESET's values as the run gets them: a computed default
+        # (EXPERIMENT_NAME, ...) reads others; their errors say why it has no value
+        values, errors = parse_env(effective_env(os.environ)[0])
         missing = [n for n in args.print_env if n not in unknown and n not in values]
         if unknown or missing:
             errors = [f"{n} is not a preflight variable" for n in unknown] + [e for n in missing for e in (

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..settings import parse_bool
-from .knobs import KNOBS, Knob
+from .knobs import FOREIGN_PREFIXES, KNOB, KNOBS, OTHER_VARIABLES, RECIPE_PREFIXES, Knob, baseline_arm, is_cpu
 
 _PARSED = tuple(k for k in KNOBS if k.kind != "script")
 
@@ -98,12 +98,28 @@ def parse_env(env: Mapping[str, str], names: tuple[str, ...] | None = None) -> t
             hint = f"; e.g. export {knob.env}={knob.default}" if isinstance(knob.default, str) and knob.default else ""
             errors.append(f"{knob.env}={raw!r} {e}{hint} (sets {knob.sets})")
     values.pop("WANDB_API_KEY")  # a secret: only WANDB_MODE's default needs it
-    if names is None and not errors:
-        errors += _cross_env_errors(values)
+    if names is None:
+        with contextlib.suppress(KeyError):  # a variable it reads failed and is reported
+            errors += cross_env_errors(values)
     return values, errors
 
 
-def _cross_env_errors(v: dict) -> list[str]:
+def parse_env_all(env: Mapping[str, str], fallback: Mapping[str, str] | None = None
+                  ) -> tuple[dict, list[str], set[str]]:
+    """:func:`parse_env`, then every variable with a bad value replaced by ``fallback``'s (the presets') or its
+    default, so that the checks after this phase still run and the user sees every problem at once; returns
+    ``(values, errors, the names with bad values)``."""
+    values, errors = parse_env(env)
+    bad = {k.env for k in _PARSED if k.env not in values and (env.get(k.env) or "").strip()}
+    if bad:
+        values, more = parse_env({**{k: val for k, val in env.items() if k not in bad},
+                                  **{k: val for k, val in (fallback or {}).items() if k in bad}})
+        named = tuple(f"{n}{c}" for n in bad for c in " =")
+        errors += [e for e in more if e not in errors and not e.startswith(named)]
+    return values, errors, bad
+
+
+def cross_env_errors(v: dict) -> list[str]:
     """Env-level consistency that needs no composition."""
     from ..core.estimates import parse_statistic
 
@@ -137,3 +153,88 @@ def _cross_env_errors(v: dict) -> list[str]:
                       "e.g. export TRAINER_LOGGER=console,file,wandb")
     return errors
 
+
+
+def declared_names() -> set[str]:
+    """Every variable the recipe reads: :data:`KNOBS`, :data:`OTHER_VARIABLES` and the sandbox's limits."""
+    from dataclasses import fields
+
+    from ..tools.limits import SandboxLimits
+
+    return set(KNOB) | set(OTHER_VARIABLES) | {f"SANDBOX_{f.name.upper()}" for f in fields(SandboxLimits)}
+
+
+def _distance(a: str, b: str) -> int:
+    """Edit distance with transpositions (``TRAIN_FLIE`` is one step from ``TRAIN_FILE``)."""
+    prev2, prev = None, list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            d = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if prev2 is not None and i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                d = min(d, prev2[j - 2] + 1)
+            cur.append(d)
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """The set variables with a recipe-like name that the recipe does not read, each named with its nearest
+    declared one: a misspelled variable is otherwise ignored and the run silently uses the default. Recipe-like:
+    one of the recipe's own prefixes (:data:`~.knobs.RECIPE_PREFIXES`), or within an edit or two of a declared name
+    and outside other projects' namespaces (vLLM, Ray, verl, CUDA, wandb ...: :data:`~.knobs.FOREIGN_PREFIXES`)."""
+    declared = declared_names()
+    errors = []
+    for name in sorted(env):
+        if name in declared or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            continue
+        nearest = min(sorted(declared), key=lambda d: _distance(name, d))
+        close = _distance(name, nearest) <= (1 if len(name) <= 8 else 2)
+        if name.startswith(RECIPE_PREFIXES) or (close and not name.startswith(FOREIGN_PREFIXES)):
+            errors.append(f"{name} is set but the recipe reads no such variable (did you mean {nearest}?): the run "
+                          f"would ignore it; rename it to {nearest} or unset it (the variables: docs/training.md)")
+    return errors
+
+
+def replaced_notes(user_env: Mapping[str, str], presets: list[tuple[str, Mapping[str, str]]]) -> list[str]:
+    """The user's variables that replace a preset's value (``presets``: ``(label, values)`` pairs): the run is then
+    not quite the preset, and the user should know which of their own settings made the difference."""
+    return [f"{name}={user_env[name]!r} (yours) replaces {label}'s {name}={value!r}"
+            for label, values in presets for name, value in values.items()
+            if (user_env.get(name) or "").strip() not in ("", value.strip())]
+
+
+def inert_notes(user_env: Mapping[str, str], v: dict) -> list[str]:
+    """The user's variables that have no effect in this run's mode, each with why (``v``: the parsed values)."""
+    arm = baseline_arm(v)
+    rules = [  # (applies, which variables, why)
+        (is_cpu(v), lambda n: ("megatron" in KNOB[n].sets and n != "ROUTER_REPLAY")
+         or n == "CUDA_DEVICE_MAX_CONNECTIONS", "PRESET=cpu trains with verl's FSDP engine, not Megatron"),
+        (not is_cpu(v), lambda n: n == "CPU_MODEL", "only PRESET=cpu reads it"),
+        (not v["MULTI_TURN"], lambda n: n in ("TOOL_CONFIG", "TOOL_MAX_RESPONSE_CHARS"), "MULTI_TURN is off"),
+        (arm is not None, lambda n: n.startswith(("SAMPLER_", "VLLM_ROLLOUT_EARLY_STOP_")),
+         "a baseline arm turns the sampler and the cap off"),
+        (arm is None and not v["VLLM_ROLLOUT_EARLY_STOP_ENABLE"],
+         lambda n: n.startswith("VLLM_ROLLOUT_EARLY_STOP_") and n != "VLLM_ROLLOUT_EARLY_STOP_ENABLE",
+         "the cap is off (VLLM_ROLLOUT_EARLY_STOP_ENABLE=0)"),
+        (not v["OVER_SAMPLE_ENABLE"], lambda n: n.startswith("OVER_SAMPLE_") and n != "OVER_SAMPLE_ENABLE",
+         "OVER_SAMPLE_ENABLE is off"),
+        (not v["TAIL_CUT_ENABLE"], lambda n: n.startswith("TAIL_CUT_") and n != "TAIL_CUT_ENABLE",
+         "TAIL_CUT_ENABLE is off"),
+        (not v["SAVE_CKPT_ENABLE"], lambda n: n in ("TRAINER_SAVE_FREQ", "MAX_CKPT_TO_KEEP"),
+         "SAVE_CKPT_ENABLE is off: nothing is saved"),
+        (v["ROLLOUT_SPECULATIVE"] == "off", lambda n: n.startswith("ROLLOUT_SPECULATIVE_"),
+         "ROLLOUT_SPECULATIVE is off"),
+        (v["ROLLOUT_SPECULATIVE"] != "group", lambda n: n == "ROLLOUT_SPECULATIVE_CORPUS_GIB",
+         "only ROLLOUT_SPECULATIVE=group keeps a corpus"),
+        (v["ROLLOUT_SPECULATIVE"] != "eagle3", lambda n: n == "DRAFT_MODEL_PATH", "only ROLLOUT_SPECULATIVE=eagle3 reads it"),
+        (not v["RECORD_TOKENS"], lambda n: n == "RECORD_TOKENS_MAX_MB", "RECORD_TOKENS is off"),
+        (v["SAMPLER_ORDER_BY"] != "time", lambda n: n == "SAMPLER_TIME_TOKENS_PER_S", "SAMPLER_ORDER_BY is not time"),
+        (True, lambda n: n.startswith("CONVERT_"), "only scripts/convert_hf_to_distcp.sh reads it"),
+    ]
+    notes = []
+    for name in (k.env for k in KNOBS if (user_env.get(k.env) or "").strip()):
+        why = next((why for applies, match, why in rules if applies and match(name)), None)
+        if why:
+            notes.append(f"{name} is set but has no effect in this run: {why}")
+    return notes

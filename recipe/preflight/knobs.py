@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..loggers import LOGGERS, default_logger, wandb_mode
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARR = "actor_rollout_ref"
@@ -152,8 +153,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("TRAIN_FILE", "paths", None, "data.train_files", "train parquet in verl RL format (comma-separated for "
          "several; `scripts/prepare_data.py` writes it)", group=_G_IN),
     Knob("TEST_FILE", "paths", None, "data.val_files", "validation parquet(s), same format", group=_G_IN),
+    Knob("PROMPT_KEY", "str", "prompt", "data.prompt_key", "the files' prompt column: chat messages ({role, "
+         "content}) or plain text (one user message); verl applies the model's chat template to it",
+         group=_G_IN),
+    Knob("ANSWER_KEY", "str", "", "+data.answer_key", "the files' answer column: it becomes "
+         "`reward_model.ground_truth`, the reward's `ground_truth` (`recipe/user_data.py`); unset: the files have "
+         "verl's `reward_model` column", default_doc="unset", group=_G_IN),
     Knob("REWARD_FUNCTION_PATH", "path", str(REPO_ROOT / "reward" / "math_reward.py"),
-         "reward.custom_reward_function.path", "file defining the reward function",
+         "reward.custom_reward_function.path", "file defining the reward function (verl's custom reward: "
+         "`def NAME(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float`)",
          default_doc="`<repo>/reward/math_reward.py`", group=_G_IN),
     Knob("REWARD_FUNCTION_NAME", "str", "compute_score", "reward.custom_reward_function.name",
          "function name in that file", group=_G_IN),
@@ -238,8 +246,9 @@ KNOBS: tuple[Knob, ...] = (
          "`recipe/rollout_spec.py`): `off`; `ngram`: prompt lookup in the request's own context; `suffix`: suffix "
          "trees over prompt, own output and earlier responses (needs arctic-inference; drafts at every batch size); "
          "`group`: the recipe's drafter over the request's context, its GRPO group's running responses and the "
-         "prompt's earlier responses (`recipe/drafting`; drafts at every batch size)",
-         choices=("off", "ngram", "suffix", "group"), group=_G_ROLLOUT),
+         "prompt's earlier responses (`recipe/drafting`; drafts at every batch size); `eagle3`: vLLM's EAGLE-3 "
+         "proposer with the head at DRAFT_MODEL_PATH",
+         choices=("off", "ngram", "suffix", "group", "eagle3"), group=_G_ROLLOUT),
     Knob("ROLLOUT_SPECULATIVE_TOKENS", "int", "4", "speculative_config.num_speculative_tokens", "draft tokens per "
          "request and step (suffix: the most it may draft)", minimum=1, group=_G_ROLLOUT),
     Knob("ROLLOUT_SPECULATIVE_MAX_BATCH", "int", "0",
@@ -262,8 +271,17 @@ KNOBS: tuple[Knob, ...] = (
          "speculative_config.suffix_decoding_max_cached_requests",
          "suffix: earlier responses kept in the engine's global tree (FIFO; 0: prompt and own output only; vLLM's "
          "default); group: finished texts kept per engine (FIFO), an epoch of its home prompts at the users' scale "
-         "(17.4k prompts x 16 / 4 replicas = 69.6k) with room; the preflight states the node's memory bound",
+         "(~17.9k prompts x 16 / 4 replicas = ~71.7k) with room; the preflight states the node's memory bound",
          default_doc="10000; 80000 with group", minimum=0, group=_G_ROLLOUT),
+    Knob("ROLLOUT_SPECULATIVE_CORPUS_GIB", "float", "96", f"{RAY_ENV}.ROLLOUT_SPECULATIVE_CORPUS_GIB",
+         "group: host memory (GiB) one engine's drafting corpus may hold, per engine (its output rank's arrays; the "
+         "oldest finished responses go first, running ones never); 96 keeps an epoch of history at the users' scale "
+         "(17.4k prompts x 16, ~6k-token responses; 24 keeps ~3%); the preflight states it per node at the run's "
+         "shapes and checks it against the rollout nodes' memory", minimum=0, group=_G_ROLLOUT),
+    Knob("DRAFT_MODEL_PATH", "path_or_none", "none", "speculative_config.model", "eagle3: the EAGLE-3 head's dir "
+         "(config.json and safetensors, vLLM's or speculators' format) made for MODEL_PATH; the preflight checks its "
+         "hidden size, aux layers, vocabulary and TP against the model (`recipe/preflight/draft_head.py`)",
+         default_doc="unset", group=_G_ROLLOUT),
     Knob("ROLLOUT_GROUP_AFFINITY", "bool", _group_affinity,
          f"{ARR}.rollout.router_config_path=configs/router/group_affinity.yaml",
          "route every response of a GRPO group to one vLLM replica, and a prompt's later groups back to it (its "
@@ -392,14 +410,21 @@ KNOBS: tuple[Knob, ...] = (
          minimum=-1, group=_G_RUN),
     Knob("TRAINER_VAL_BEFORE_TRAIN", "bool", "0", "trainer.val_before_train", "validate before the first step",
          group=_G_RUN),
-    Knob("TRAINER_LOGGER", "str", "console,file,wandb", "trainer.logger", "verl loggers", group=_G_RUN),
-    Knob("WANDB_MODE", "choice", lambda v: "online" if v["WANDB_API_KEY"] else "offline",
+    Knob("LOGGER", "choice", default_logger, "trainer.logger, WANDB_MODE", "where metrics go: `wandb` (online: "
+         "needs WANDB_API_KEY; project PROJECT_NAME, run EXPERIMENT_NAME), `wandb-offline` (a wandb run in the run "
+         "directory; `wandb sync` uploads it), `console` (verl's metrics line per step, no wandb), `off`; the "
+         "metrics file `<run>/logs/metrics.*.jsonl` is always written (`recipe/loggers.py`)",
+         default_doc="`wandb` if WANDB_API_KEY is set, else `wandb-offline`", choices=LOGGERS, group=_G_RUN),
+    Knob("TRAINER_LOGGER", "str", "console,file,wandb", "trainer.logger", "verl loggers; LOGGER adds or removes "
+         "`wandb` and `console`", group=_G_RUN),
+    Knob("WANDB_MODE", "choice", wandb_mode,
          "+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE", "wandb mode, also sent to the Ray actors",
-         default_doc="`online` if WANDB_API_KEY is set, else `offline`", choices=("online", "offline", "disabled"),
-         group=_G_RUN),
+         default_doc="from LOGGER: `online` for `wandb` (the default when WANDB_API_KEY is set), `offline` for "
+         "`wandb-offline`, else `disabled`", choices=("online", "offline", "disabled"), group=_G_RUN),
     Knob("WANDB_API_KEY", "script", None, "(environment only)", "wandb key; on a multi-node cluster export it on "
          "every node before `ray start` (it is never written into the config)", default_doc="unset", group=_G_RUN),
-    Knob("DRY_RUN", "script", "0", "(script)", "1: preflight, print the command and the resolved settings, exit",
+    Knob("DRY_RUN", "script", "0", "(script)", "1: preflight (the GPU stack too on a GPU node), print the resolved "
+         "settings and the levers that are on, write the launch command to a file it names, exit",
          group=_G_SCRIPT),
     Knob("PREFLIGHT_DUMP", "script", None, "(script)", "write the resolved config and overrides as JSON to this "
          "path", default_doc="unset", group=_G_SCRIPT),
@@ -429,6 +454,32 @@ KNOBS: tuple[Knob, ...] = (
          group=_G_CONVERT),
 )
 KNOB = {k.env: k for k in KNOBS}
+
+# The variables the recipe reads besides KNOBS: set by the script for its own processes, or read by the tool sandbox
+# (recipe/tools, docs/tools.md; also SANDBOX_<LIMIT> for each field of recipe/tools/limits.py's SandboxLimits).
+OTHER_VARIABLES: dict[str, str] = {
+    "RECIPE_LAUNCH_STAMP": "scripts/train_grpo.sh: names this launch's log files",
+    "RECIPE_STACK_TARGET": "scripts/train_grpo.sh: the stack the preflight requires (gpu or cpu)",
+    "RECIPE_FIXTURE_CACHE": "where PRESET=cpu / smoke build and reuse the tiny model and data",
+    "RECIPE_REQUIRE_SANDBOX": "1: a missing tool sandbox is an error (recipe/tools/sandbox.py)",
+    "SANDBOX_BACKEND": "the tool sandbox (recipe/tools/sandbox.py)",
+    "SANDBOX_PYTHON": "the sandbox's Python", "SANDBOX_BWRAP": "the bubblewrap binary",
+    "SANDBOX_SCRATCH_ROOT": "the sandbox's scratch root", "SANDBOX_FUSION_URL": "a SandboxFusion server",
+    "OUT": "python -m recipe.megatron_check: the folder a lent GPU machine sends back",
+    "RECIPE_GPU_CAPABILITY": "the rollout GPUs' compute capability where none is visible (router_replay.py)",
+}
+# The recipe's own name families: a set variable that starts with one of these and is not declared is a mistake.
+# Never a bare VLLM_, RAY_, WANDB_, CUDA_ ...: those projects read their own variables of those names.
+RECIPE_PREFIXES = ("VLLM_ROLLOUT_EARLY_STOP_", "VLLM_EAGER_BASELINE_", "ROLLOUT_", "SAVE_CKPT_", "CKPT_", "SAMPLER_",
+                   "TAIL_CUT_", "OVER_SAMPLE_", "ACTOR_", "TRAINER_", "RECORD_TOKENS_", "REWARD_FUNCTION_", "TOOL_",
+                   "BASELINE_", "POLICY_PRESET", "CPU_MODEL", "CONVERT_", "SANDBOX_")
+# Other projects' and the system's namespaces: a variable there is never refused for being close to a declared name.
+FOREIGN_PREFIXES = ("VLLM_", "RAY_", "VERL_", "CUDA_", "NCCL_", "NVIDIA_", "NVTE_", "WANDB_", "HF_", "HUGGINGFACE_",
+                    "TRANSFORMERS_", "TORCH", "PYTORCH_", "TRITON_", "OMP_", "MKL_", "KMP_", "TOKENIZERS_", "PYTHON",
+                    "PIP_", "UV_", "VIRTUAL_ENV", "CONDA_", "MASTER_", "LOCAL_", "NODE_", "WORLD_", "RANK", "SLURM_",
+                    "PMI_", "OMPI_", "LC_", "XDG_", "SSH_", "LD_", "GIT_", "PYTEST_", "DO_NOT_TRACK")
+# The real run's inputs: set without MODEL_PATH (and without PRESET), they mean the real run, never a preset's
+REAL_RUN_INPUTS = tuple(k.env for k in KNOBS if k.default is None and k.kind != "script" and k.env != "MODEL_PATH")
 
 
 def _default_text(knob: Knob) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from ..loggers import trainer_loggers
 from ..rollout_spec import hydra_override as speculative_overrides
 from ..settings import RecipeConfigError
 from .knobs import ARR, MEG, RAY_ENV, REPO_ROOT, baseline_arm, is_cpu
@@ -71,11 +72,14 @@ def _inputs(v: dict) -> list[str]:
         f"{ARR}.model.path={hydra_quote(v['MODEL_PATH'], 'MODEL_PATH')}",
         f"data.train_files={_files(v['TRAIN_FILE'], 'TRAIN_FILE')}",
         f"data.val_files={_files(v['TEST_FILE'], 'TEST_FILE')}",
+        f"data.prompt_key={hydra_quote(v['PROMPT_KEY'], 'PROMPT_KEY')}",
         f"reward.custom_reward_function.path={hydra_quote(v['REWARD_FUNCTION_PATH'], 'REWARD_FUNCTION_PATH')}",
         f"reward.custom_reward_function.name={hydra_quote(v['REWARD_FUNCTION_NAME'], 'REWARD_FUNCTION_NAME')}",
         f"trainer.nnodes={v['NNODES']}",
         f"trainer.n_gpus_per_node={v['GPUS_PER_NODE']}",
-    ]
+    ] + ([  # the recipe's key (recipe/user_data.py: the answer column becomes reward_model.ground_truth)
+        f"+data.answer_key={hydra_quote(v['ANSWER_KEY'], 'ANSWER_KEY')}",
+    ] if v["ANSWER_KEY"] else [])
 
 
 def _algorithm_and_batches(v: dict) -> list[str]:
@@ -253,7 +257,10 @@ def _run(v: dict, paths: RunPaths) -> list[str]:
     # Quoted: Ray accepts only string values in env_vars.
     connections = hydra_quote(str(v["CUDA_DEVICE_MAX_CONNECTIONS"]), "CUDA_DEVICE_MAX_CONNECTIONS")
     megatron = [] if is_cpu(v) else [f"{env}.CUDA_DEVICE_MAX_CONNECTIONS={connections}"]
-    return megatron + [
+    # the group drafter's corpus bound, read by each engine (recipe/drafting/vllm_proposer.py corpus_bytes)
+    corpus_gib = hydra_quote(f"{v['ROLLOUT_SPECULATIVE_CORPUS_GIB']:g}", "ROLLOUT_SPECULATIVE_CORPUS_GIB")
+    corpus = [f"{env}.ROLLOUT_SPECULATIVE_CORPUS_GIB={corpus_gib}"] if v["ROLLOUT_SPECULATIVE"] == "group" else []
+    return megatron + corpus + [
         f"{env}.PYTHONPATH={hydra_quote(actor_pythonpath(v['PYTHONPATH']), 'PYTHONPATH')}",
         f"trainer.project_name={hydra_quote(v['PROJECT_NAME'], 'PROJECT_NAME')}",
         f"trainer.experiment_name={hydra_quote(v['EXPERIMENT_NAME'], 'EXPERIMENT_NAME')}",
@@ -264,7 +271,7 @@ def _run(v: dict, paths: RunPaths) -> list[str]:
         f"trainer.max_actor_ckpt_to_keep={v['MAX_CKPT_TO_KEEP']}",
         f"trainer.test_freq={v['TRAINER_TEST_FREQ']}",
         f"trainer.val_before_train={_b(v['TRAINER_VAL_BEFORE_TRAIN'])}",
-        "trainer.logger=[" + ",".join(s.strip() for s in v["TRAINER_LOGGER"].split(",") if s.strip()) + "]",
+        "trainer.logger=[" + ",".join(trainer_loggers(v)) + "]",
         f"{env}.WANDB_MODE={v['WANDB_MODE']}",
         f"{env}.WANDB_DIR={hydra_quote(paths.run_dir, 'CKPT_ROOT')}",
         f"{env}.VERL_FILE_LOGGER_PATH={hydra_quote(paths.metrics_log, 'CKPT_ROOT')}",

@@ -70,14 +70,21 @@ def summary_table(c: Mapping, v: dict, layout: dict, hf: dict | None, report: Pr
         ("lengths", f"prompt {select(c, 'data.max_prompt_length')}, response {select(c, 'data.max_response_length')}; "
                     f"tokens/GPU: train {select(c, f'{ARR}.actor.ppo_max_token_len_per_gpu')}, log-prob "
                     f"{r('log_prob_max_token_len_per_gpu')}"),
-        ("sampler", "verl's own (baseline)" if not sampler.get("class_path") else
+        ("sampler", "off: verl's own random order (baseline)" if not sampler.get("class_path") else
                     f"{sampler.get('class_name')} (bucket {sampler.get('bucket_size')}, ema {sampler.get('ema_decay')}"
                     f", shuffle blocks {sampler.get('shuffle_batch_blocks')}, {sampler.get('statistic')}"
                     f"{_time_order(sampler)})"),
         ("cap", "off" if not is_on(cap.get("enable")) else (
             f"seed: min({select(c, 'data.max_response_length')}, max({cap.get('min_tokens')}, {cap.get('factor')} x "
-            "estimate))" if cap.get("mode") == "seed" else "calibrated")),
-        ("over-sample", f"ratio {os_.get('ratio')}" if is_on(os_.get("enable")) else "off"),
+            "estimate))" if cap.get("mode") == "seed" else str(cap.get("mode")))),
+        ("tail cut", _tail_cut(select(c, "recipe.tail_cut", {}))),
+        ("scheduling", "priority: each step's longest-predicted responses first" if r("scheduling_policy") ==
+                       "priority" else f"off: vLLM's {r('scheduling_policy')}"),
+        ("drafter", _drafter(v["ROLLOUT_SPECULATIVE"], select(c, f"{ARR}.rollout.engine_kwargs.vllm."
+                                                                 "speculative_config"),
+                             select(c, f"{ARR}.rollout.router_config_path"))),
+        ("over-sample", f"ratio {os_.get('ratio')}, requeue {os_.get('requeue')}" if is_on(os_.get("enable"))
+                        else "off"),
         *routing_rows(c, hf, gpu_memory_bytes()),
         ("checkpoints", f"every {select(c, 'trainer.save_freq')} steps, keep {select(c, 'trainer.max_actor_ckpt_to_keep')}"
                         f", resume {select(c, 'trainer.resume_mode')}" if select(c, "trainer.save_freq", -1) > 0 else
@@ -89,6 +96,26 @@ def summary_table(c: Mapping, v: dict, layout: dict, hf: dict | None, report: Pr
                  ("logs", f"{report.paths.console_log}, {env_vars.get('VERL_FILE_LOGGER_PATH')}"),
                  ("loggers", f"{select(c, 'trainer.logger')}; wandb {env_vars.get('WANDB_MODE')}")]
     return rows
+
+
+def _tail_cut(cut: Mapping) -> str:
+    if not is_on(cut.get("enable")):
+        return "off"
+    budget = cut.get("max_extra_truncation") or 0
+    return (f"held at {budget} extra truncation (from fraction {cut.get('fraction')})" if budget else
+            f"fraction {cut.get('fraction')}") + f", level exponent {cut.get('level_exponent')}"
+
+
+def _drafter(method: str, spec: Mapping | None, router: str | None) -> str:
+    if not spec:
+        return "off (ROLLOUT_SPECULATIVE=off)"
+    return (f"{method} ({spec.get('method')}), {spec.get('num_speculative_tokens')} tokens"
+            + ("; group-affinity router" if router else ""))
+
+
+# The levers a run may turn on (rows of the summary table): the report lists those on in a short table of their own.
+LEVERS = ("sampler", "cap", "tail cut", "scheduling", "drafter", "router replay", "routes in vLLM", "over-sample",
+          "checkpoints", "loggers")
 
 
 def _megatron_rows(c: Mapping, layout: dict, report: PreflightReport) -> list[tuple[str, str]]:
@@ -107,11 +134,19 @@ def _megatron_rows(c: Mapping, layout: dict, report: PreflightReport) -> list[tu
 
 
 def format_report(report: PreflightReport) -> str:
-    lines = []
+    """The preset first, then the resolved settings, the levers that are on (those off in one line), notes and
+    errors."""
+    preset = report.values.get("PRESET")
+    lines = [f"preflight: preset {preset or '(none): the real run'}"]
     if report.table:
         width = max(len(k) for k, _ in report.table)
         lines.append("preflight: resolved settings")
-        lines += [f"  {k.ljust(width)}  {val}" for k, val in report.table]
+        lines += [f"  {k.ljust(width)}  {val}" for k, val in report.table if k not in LEVERS]
+        levers = [(k, val) for k, val in report.table if k in LEVERS]
+        lines.append("preflight: levers on")
+        lines += [f"  {k.ljust(width)}  {val}" for k, val in levers if not val.startswith("off")]
+        off = [k for k, val in levers if val.startswith("off")]
+        lines += [f"  {'(off)'.ljust(width)}  {', '.join(off)}"] if off else []
     lines += [f"preflight: note: {n}" for n in report.notes]
     lines += [f"preflight: ERROR: {e}" for e in report.errors]
     if report.errors:

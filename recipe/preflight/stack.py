@@ -2,8 +2,9 @@
 
 Whichever Python ``scripts/train_grpo.sh`` picked, the preflight runs in it, so this reads what the launch will
 import (``recipe/stack_versions.py``). ``RECIPE_STACK_TARGET`` (set by the script) says what the launch needs:
-``gpu`` for a real launch on GPUs (every Megatron and vLLM part, CUDA torch), ``cpu`` for the CPU preset and for
-``DRY_RUN`` (verl 0.9.1 and a supported Python; the GPU parts may be absent).
+``gpu`` for a launch or a ``DRY_RUN`` on a GPU node or with ``RAY_ADDRESS`` (every Megatron and vLLM part, CUDA
+torch), ``cpu`` for the CPU preset and anywhere without a GPU (verl 0.9.1 and a supported Python; the GPU parts may be
+absent, and the report says that they were not checked).
 """
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def check_stack(env: Mapping[str, str], errors: list[str], notes: list[str]) -> 
     stack = collect()
     for p in problems(stack, target):
         (errors if p.level == "error" else notes).append(p.text)
+    if target == "cpu" and (env.get("PRESET") or "").strip() != "cpu":
+        notes.append("the GPU stack (Megatron-Bridge, Transformer Engine, vLLM's CUDA build) was NOT checked: no GPU "
+                     "is visible here (RECIPE_STACK_TARGET=cpu); a DRY_RUN on a GPU node checks it")
     return describe(stack) + [_speculative(env, errors)]
 
 

@@ -103,6 +103,32 @@ def _baseline(launcher: Launcher) -> Run:
     return launcher.run("baseline", {"BASELINE_NO_RESAMPLE": "1", **CHECKPOINTS, **RANDOM_MODEL, **SPECULATIVE})
 
 
+# A user's own inputs, in the weight-sync control run (its claims hold for any data and reward): the preset's
+# prompts as a plain-text column and their answers in another (PROMPT_KEY, ANSWER_KEY), the smoke reward as a
+# function of the user's file (REWARD_FUNCTION_PATH/NAME), and LOGGER=console. The user's reward is 0.5 + half the
+# preset's (GRPO's advantages are the same), so a score below 0.5 would be the preset's reward, not the user's.
+USER_REWARD = ("def digits(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+               "    return 0.5 + 0.5 * sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n")
+
+
+def _user_inputs(base: Path) -> dict:
+    import pandas as pd
+
+    from recipe.cpu.preset import N_TEST, N_TRAIN
+    from recipe.tiny.artifacts import tiny_artifacts
+
+    art, env = tiny_artifacts(os.environ.get("RECIPE_FIXTURE_CACHE") or None, n_train=N_TRAIN, n_test=N_TEST), {}
+    base.mkdir(parents=True, exist_ok=True)
+    for var, source in (("TRAIN_FILE", art.train_parquet), ("TEST_FILE", art.test_parquet)):
+        rows = pd.read_parquet(source)
+        pd.DataFrame({"question": [p[0]["content"] for p in rows["prompt"]],
+                      "solution": [r["ground_truth"] for r in rows["reward_model"]]}).to_parquet(env.setdefault(
+                          var, str(base / f"{var.lower()}.parquet")))
+    (base / "my_reward.py").write_text(USER_REWARD)
+    return {**env, "PROMPT_KEY": "question", "ANSWER_KEY": "solution", "REWARD_FUNCTION_PATH": str(base /
+            "my_reward.py"), "REWARD_FUNCTION_NAME": "digits", "LOGGER": "console"}
+
+
 def _restart_without_sync(launcher: Launcher):
     """The control driver's command is composed here, in the main thread (the preflight composes verl's config with
     Hydra, whose global state the session's other tests use); the run itself starts later, in a pool thread."""
@@ -111,7 +137,7 @@ def _restart_without_sync(launcher: Launcher):
 
     env = {"PRESET": "cpu", "CKPT_ROOT": str(launcher.base / "restart-no-sync"), "EXPERIMENT_NAME": "restart-no-sync",
            "RECIPE_FIXTURE_CACHE": os.environ.get("RECIPE_FIXTURE_CACHE", ""), **OVER_SAMPLE,
-           "OVER_SAMPLE_REQUEUE": "restart"}
+           "OVER_SAMPLE_REQUEUE": "restart", **_user_inputs(launcher.base / "user-inputs")}
     report = run_preflight(env=env)
     assert report.ok, report.errors
     cmd = [sys.executable, str(REPO / "tests" / "e2e" / "no_weight_sync_driver.py"), "--config-name", CONFIG_NAME,
@@ -278,7 +304,8 @@ def multi_turn_tail_cut_run() -> Run:
 
 @pytest.fixture(scope="session")
 def restart_without_sync_run() -> Run:
-    """Two claims in one run (each launch costs minutes of start-up): over-sample ``restart`` on verl's real server,
-    and the weight push to vLLM removed (tests/e2e/no_weight_sync_driver.py: the same composed config and TaskRunner
-    as the main command, the trainer without verl's update_weights)."""
+    """Three claims in one run (each launch costs minutes of start-up): over-sample ``restart`` on verl's real server,
+    the weight push to vLLM removed (tests/e2e/no_weight_sync_driver.py: the same composed config and TaskRunner
+    as the main command, the trainer without verl's update_weights), and a user's own data, reward and logger
+    (``_user_inputs``)."""
     return _result("restart_without_sync_run")

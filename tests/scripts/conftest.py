@@ -107,3 +107,16 @@ def run_script(tmp_path):
                               capture_output=True, text=True, timeout=timeout)
 
     return run
+
+
+@pytest.fixture
+def dry_run_words():
+    """The launch command a ``DRY_RUN=1`` of ``train_grpo.sh`` wrote to the file its last line names, as shell words."""
+    import re
+    import shlex
+
+    def words(stdout: str) -> list[str]:
+        path = re.search(r"the full command is in (\S+) ", stdout).group(1)
+        return shlex.split(Path(path).read_text().replace("\\\n", " "))
+
+    return words

@@ -2,7 +2,6 @@
 per engine and model, every combination verl 0.9.1 or vLLM cannot serve refused by name, and the routing data the
 configuration moves stated in the summary."""
 import json
-import shlex
 import shutil
 
 import pytest
@@ -210,10 +209,10 @@ def test_memory_warning_names_the_knobs_that_bound_it(env_30b, qwen3_30b_dir):
 
 # ---- through the script ---------------------------------------------------------------------------------------
 
-def test_dry_run_prints_both_keys(run_script, env_30b, tmp_path):
+def test_dry_run_prints_both_keys(run_script, env_30b, tmp_path, dry_run_words):
     r = run_script("train_grpo.sh", {**env_30b, "DRY_RUN": "1", "ROUTER_REPLAY": "R3",
                                      "CKPT_ROOT": str(tmp_path / "ck")}, gpus=0)
     assert r.returncode == 0, r.stdout + r.stderr
-    words = shlex.split(r.stdout.split("the command (not run):\n", 1)[1].replace("\\\n", " "))
+    words = dry_run_words(r.stdout)
     assert f"{ROLLOUT_KEY}=True" in words and f"{MODE_KEY}=R3" in words
     assert "router replay    R3: 768 B/token" in r.stdout
