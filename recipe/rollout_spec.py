@@ -1,11 +1,11 @@
-"""Speculative decoding in the vLLM rollout (``ROLLOUT_SPECULATIVE=off|ngram|suffix``): vLLM's config, and its checks.
+"""Speculative decoding in the vLLM rollout (``ROLLOUT_SPECULATIVE``): vLLM's config, and its checks.
 
 verl 0.9.1 hands ``actor_rollout_ref.rollout.engine_kwargs.vllm`` to vLLM verbatim (``vllm_async_server.py``: the
 dict becomes ``--speculative-config '<json>'``), so the recipe composes one Hydra override,
 ``+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config={...}`` (:func:`hydra_override`), from the
 ``ROLLOUT_SPECULATIVE*`` variables (:func:`speculative_config`).
 
-What is trained does not change: both methods propose point-mass drafts (``draft_probs=None``), which vLLM's rejection
+What is trained does not change: every method proposes point-mass drafts (``draft_probs=None``), which vLLM's rejection
 sampler accepts with probability p(draft) and otherwise replaces by a sample of p with the draft masked out, so every
 emitted token is distributed as the target model's (temperature and top-p included), and the logprob returned with it
 is computed from the target model's logits at that position (``rejection_sampler.py`` ``_get_logprobs_tensors``).
@@ -33,8 +33,13 @@ On vLLM CPU this holds only with ``recipe/cpu/vllm_plugin.py``'s expand fix (vLL
   the running responses of its GRPO group on the same replica (``ROLLOUT_GROUP_AFFINITY=1`` keeps a group on one)
   and up to ``ROLLOUT_SPECULATIVE_SUFFIX_CACHED`` finished responses, the same prompt's earlier epochs among them.
   vLLM calls a custom proposer without the batch-size schedule's K, so it drafts at every batch size.
+- ``eagle3``: vLLM's EAGLE-3 proposer with the head at ``DRAFT_MODEL_PATH`` (a published head for the model, or one
+  the recipe trains): a small decoder layer over the target's hidden states at three of its layers and the last
+  token's embedding, drafting greedily (point-mass drafts, as above). It follows the batch-size schedule (vLLM hands
+  the schedule's K to ``propose``). :mod:`recipe.preflight.draft_head` checks the head against the model.
 
-All methods turn vLLM's async scheduling off for the whole run (``config/vllm.py``), a cost every step pays. verl's
+``ngram``, ``suffix`` and ``group`` turn vLLM's async scheduling off for the whole run (``config/vllm.py``), a cost
+every step pays; ``eagle3`` keeps it on GPUs (vLLM's CPU platform turns it off for every engine). verl's
 ``delta_sharded`` weight transfer refuses speculative decoding (``delta_weight_transfer.py``), so the preflight names
 that combination instead of letting the rollout workers fail.
 
@@ -47,7 +52,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
-METHODS = ("off", "ngram", "suffix", "group")
+METHODS = ("off", "ngram", "suffix", "group", "eagle3")
 GROUP_PROPOSER = "recipe.drafting.vllm_proposer.GroupProposer"  # vLLM imports it by this path
 GROUP_ROUTER = "recipe.adapter.router.GroupAffinityLoadBalancer"  # configs/router/group_affinity.yaml's router_class
 KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config"
@@ -59,7 +64,7 @@ SUFFIX_FIX = "vLLM PR #46399"
 ENV = {"method": "ROLLOUT_SPECULATIVE", "tokens": "ROLLOUT_SPECULATIVE_TOKENS",
        "max_batch": "ROLLOUT_SPECULATIVE_MAX_BATCH", "ngram_min": "ROLLOUT_SPECULATIVE_NGRAM_MIN",
        "ngram_max": "ROLLOUT_SPECULATIVE_NGRAM_MAX", "suffix_depth": "ROLLOUT_SPECULATIVE_SUFFIX_DEPTH",
-       "suffix_cached": "ROLLOUT_SPECULATIVE_SUFFIX_CACHED"}
+       "suffix_cached": "ROLLOUT_SPECULATIVE_SUFFIX_CACHED", "draft": "DRAFT_MODEL_PATH"}
 
 
 def batch_schedule(tokens: int, max_batch: int, max_num_seqs: int) -> list[list[int]] | None:
@@ -80,6 +85,13 @@ def speculative_config(v: Mapping[str, Any]) -> dict | None:
     out: dict[str, Any] = {"method": method, "num_speculative_tokens": v["ROLLOUT_SPECULATIVE_TOKENS"]}
     if method == "group":
         out.update(method="custom_class", model=GROUP_PROPOSER)
+    if method == "eagle3":
+        if v["DRAFT_MODEL_PATH"] in (None, "", "none"):
+            from .settings import RecipeConfigError
+
+            raise RecipeConfigError(f"{ENV['method']}=eagle3 needs {ENV['draft']}: export {ENV['draft']}=/path/to/"
+                                    "head (an EAGLE-3 head made for MODEL_PATH: config.json and safetensors)")
+        out["model"] = v["DRAFT_MODEL_PATH"]
     if method == "ngram":
         out["prompt_lookup_min"] = v["ROLLOUT_SPECULATIVE_NGRAM_MIN"]
         out["prompt_lookup_max"] = v["ROLLOUT_SPECULATIVE_NGRAM_MAX"]
@@ -104,6 +116,10 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
+    if text.startswith("/"):  # an absolute path (DRAFT_MODEL_PATH): quoted
+        if "'" in text or "${" in text:
+            raise ValueError(f"{text!r}: a path holding ' or ${{ cannot pass through a Hydra override; rename it")
+        return f"'{text}'"
     if all(part.isidentifier() for part in text.split(".")) and "." in text:  # a module path: quoted
         return f"'{text}'"
     if not text.replace("_", "").isalnum():
