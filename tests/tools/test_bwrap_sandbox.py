@@ -25,7 +25,7 @@ from recipe.tools import cgroup
 from recipe.tools.bwrap import BubblewrapBackend
 from recipe.tools.limits import MiB, SandboxLimits
 from recipe.tools.result import Status, format_for_model
-from harness.hostile import FILTER_ERRNOS, HOSTILE
+from harness.hostile import FILTER_ERRNOS, HOSTILE, RAISE_LIMITS
 from harness.proc_tree import all_pids, descendants, named_below, started_below, stat
 from harness.sandbox_check import require_sandbox
 
@@ -584,18 +584,5 @@ def test_argv_has_every_isolation_flag(sandbox):
 def test_limits_and_priority_can_only_be_lowered(sandbox):
     """The launcher lowers every hard limit to its soft one (RLIMIT_STACK's soft 8 MiB could be raised to an
     unlimited hard one) and RLIMIT_NICE to 0: setrlimit's values sit in memory, where the filter cannot look."""
-    r = run(sandbox, (
-        "import os, resource as r\n"
-        "for name in ('RLIMIT_AS', 'RLIMIT_STACK', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_MEMLOCK', 'RLIMIT_NICE'):\n"
-        "    k = getattr(r, name); soft, hard = r.getrlimit(k)\n"
-        "    for new in ((hard, hard + 1), (soft + 1, hard)) if hard != r.RLIM_INFINITY else ((hard, hard),):\n"
-        "        try:\n"
-        "            r.setrlimit(k, new); print('RAISED', name, (soft, hard), new)\n"
-        "        except (ValueError, OSError):\n"
-        "            print('held', name)\n"
-        "try:\n"
-        "    os.setpriority(os.PRIO_PROCESS, 0, -1); print('RAISED priority')\n"
-        "except OSError:\n"
-        "    print('held priority')\n"
-    ))
+    r = run(sandbox, RAISE_LIMITS)
     assert r.status == Status.OK and "RAISED" not in r.stdout and "held priority" in r.stdout, r

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.hostile import FILTER_ERRNOS, HOSTILE
+from harness.hostile import FILTER_ERRNOS, HOSTILE, RAISE_LIMITS
 from harness.proc_tree import descendants, started_below, stat
 from harness.sandbox_check import require_sandbox
 from harness.syscall_corpus import CORPUS
@@ -238,19 +238,7 @@ def test_as_root_the_program_runs_as_nobody_without_capabilities(sandbox):
 def test_limits_and_priority_can_only_be_lowered(sandbox):
     """setrlimit's values sit in memory, where the filter cannot look: every hard limit is the soft one and there is
     no CAP_SYS_RESOURCE, so raising any limit fails; RLIMIT_NICE 0, so no nice below the one it started with."""
-    r = run(sandbox, (
-        "import os, resource as r\n"
-        "for name in ('RLIMIT_AS', 'RLIMIT_STACK', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_MEMLOCK', 'RLIMIT_NICE'):\n"
-        "    k = getattr(r, name); soft, hard = r.getrlimit(k)\n"
-        "    for new in ((hard, hard + 1), (soft + 1, hard)) if hard != r.RLIM_INFINITY else ((hard, hard),):\n"
-        "        try:\n"
-        "            r.setrlimit(k, new); print('RAISED', name, (soft, hard), new)\n"
-        "        except (ValueError, OSError):\n"
-        "            print('held', name)\n"
-        "try:\n"
-        "    os.setpriority(os.PRIO_PROCESS, 0, -1); print('RAISED priority')\n"
-        "except OSError:\n"
-        "    print('held priority')\n"
+    r = run(sandbox, RAISE_LIMITS + (
         "os.setpriority(os.PRIO_PROCESS, 0, 5); print('lowered to', os.getpriority(os.PRIO_PROCESS, 0))\n"
     ))
     assert r.status == Status.OK and "RAISED" not in r.stdout and "lowered to 5" in r.stdout, r

@@ -151,3 +151,21 @@ BY_NAME = {h.name: h for h in HOSTILE}
 # What the seccomp allowlist answers (recipe/tools/syscalls.py): a DENIED line with another errno was refused by
 # something else, which a sandbox must not rely on.
 FILTER_ERRNOS = {"ENOSYS", "EAFNOSUPPORT", "EAGAIN"}
+
+# Tries to raise every resource limit and its own priority, printing RAISED or held for each: setrlimit's values sit
+# in memory, where a seccomp filter cannot look, so the launchers must leave nothing to raise (hard = soft, no
+# CAP_SYS_RESOURCE, RLIMIT_NICE 0).
+RAISE_LIMITS = (
+        "import os, resource as r\n"
+        "for name in ('RLIMIT_AS', 'RLIMIT_STACK', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_MEMLOCK', 'RLIMIT_NICE'):\n"
+        "    k = getattr(r, name); soft, hard = r.getrlimit(k)\n"
+        "    for new in ((hard, hard + 1), (soft + 1, hard)) if hard != r.RLIM_INFINITY else ((hard, hard),):\n"
+        "        try:\n"
+        "            r.setrlimit(k, new); print('RAISED', name, (soft, hard), new)\n"
+        "        except (ValueError, OSError):\n"
+        "            print('held', name)\n"
+        "try:\n"
+        "    os.setpriority(os.PRIO_PROCESS, 0, -1); print('RAISED priority')\n"
+        "except OSError:\n"
+        "    print('held priority')\n"
+)
