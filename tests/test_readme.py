@@ -8,6 +8,7 @@ import pytest
 from recipe.preflight import KNOB
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+PROSE = " ".join(README.split())  # the README's words, whatever the line wrapping
 SECTION = README.split("## What is on by default", 1)[1].split("\n## ", 1)[0]
 ROWS = [[c.strip() for c in line.strip("|").split("|")] for line in SECTION.splitlines()
         if line.startswith("|") and not line.startswith("|---") and not line.startswith("| feature")]
@@ -69,7 +70,7 @@ def test_every_speed_figure_names_its_source():
     """A speed-up in the defaults table says where it comes from (issue 46: figures from two simulators on two GPUs
     read as one): each ``N.NNx`` in the "what it buys" column carries a ``[...]`` source tag, and each tag is
     explained with its command under the table."""
-    sources = SECTION[SECTION.rindex("|"):]  # the prose under the table
+    sources = " ".join(SECTION[SECTION.rindex("|"):].split())  # the prose under the table, unwrapped
     tags = set()
     for row in ROWS:
         for cell in re.split(r"(?<=\])", row[3]):
@@ -86,8 +87,8 @@ def test_every_speed_figure_names_its_source():
 def test_the_logger_defaults_are_stated():
     """What a newcomer's run logs to, as the code does it: the loggers' default, wandb online only with a key, and the
     project's name."""
-    assert f"`TRAINER_LOGGER={KNOB['TRAINER_LOGGER'].default}`" in README
+    assert f"`TRAINER_LOGGER={KNOB['TRAINER_LOGGER'].default}`" in PROSE
     assert "wandb" in KNOB["TRAINER_LOGGER"].default and "WANDB_API_KEY" in KNOB["WANDB_MODE"].default_doc
-    assert "online when `WANDB_API_KEY` is set, offline" in README
-    assert f"`PROJECT_NAME` (`{KNOB['PROJECT_NAME'].default}`)" in README
-    assert "disabled" in KNOB["WANDB_MODE"].choices and "`WANDB_MODE=disabled`" in README
+    assert "online when `WANDB_API_KEY` is set, offline" in PROSE
+    assert f"`PROJECT_NAME` (`{KNOB['PROJECT_NAME'].default}`)" in PROSE
+    assert "disabled" in KNOB["WANDB_MODE"].choices and "`WANDB_MODE=disabled`" in PROSE
