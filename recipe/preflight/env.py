@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..settings import parse_bool
-from .knobs import FOREIGN_PREFIXES, KNOB, KNOBS, OTHER_VARIABLES, RECIPE_PREFIXES, Knob, baseline_arm, is_cpu
+from .knobs import (ALLOW_VARIABLES, FOREIGN_PREFIXES, KNOB, KNOBS, OTHER_VARIABLES, RECIPE_PREFIXES, Knob, baseline_arm,
+                    is_cpu)
 
 _PARSED = tuple(k for k in KNOBS if k.kind != "script")
 
@@ -184,15 +185,17 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     one of the recipe's own prefixes (:data:`~.knobs.RECIPE_PREFIXES`), or within an edit or two of a declared name
     and outside other projects' namespaces (vLLM, Ray, verl, CUDA, wandb ...: :data:`~.knobs.FOREIGN_PREFIXES`)."""
     declared = declared_names()
+    allowed = {n.strip() for n in (env.get(ALLOW_VARIABLES) or "").split(",")}  # the user's own, not the recipe's
     errors = []
     for name in sorted(env):
-        if name in declared or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+        if name in declared or name in allowed or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
             continue
         nearest = min(sorted(declared), key=lambda d: _distance(name, d))
         close = _distance(name, nearest) <= (1 if len(name) <= 8 else 2)
         if name.startswith(RECIPE_PREFIXES) or (close and not name.startswith(FOREIGN_PREFIXES)):
             errors.append(f"{name} is set but the recipe reads no such variable (did you mean {nearest}?): the run "
-                          f"would ignore it; rename it to {nearest} or unset it (the variables: docs/training.md)")
+                          f"would ignore it; rename it to {nearest} or unset it (the variables: docs/training.md), or, if it is "
+                          f"not meant for the recipe, export {ALLOW_VARIABLES}={name}")
     return errors
 
 

@@ -457,7 +457,10 @@ KNOB = {k.env: k for k in KNOBS}
 
 # The variables the recipe reads besides KNOBS: set by the script for its own processes, or read by the tool sandbox
 # (recipe/tools, docs/tools.md; also SANDBOX_<LIMIT> for each field of recipe/tools/limits.py's SandboxLimits).
+ALLOW_VARIABLES = "RECIPE_ALLOW_VARIABLES"
 OTHER_VARIABLES: dict[str, str] = {
+    ALLOW_VARIABLES: "comma-separated names the preflight leaves alone though they look like a misspelled variable "
+                     "(a shell's own, e.g. NODES)",
     "RECIPE_LAUNCH_STAMP": "scripts/train_grpo.sh: names this launch's log files",
     "RECIPE_STACK_TARGET": "scripts/train_grpo.sh: the stack the preflight requires (gpu or cpu)",
     "RECIPE_FIXTURE_CACHE": "where PRESET=cpu / smoke build and reuse the tiny model and data",

@@ -29,6 +29,16 @@ def test_a_recipe_like_unknown_variable_is_refused_with_the_nearest(name, neares
     assert error.startswith(f"{name} is set but the recipe reads no such variable (did you mean {nearest}?)")
 
 
+def test_a_users_own_variable_is_left_alone_once_named():
+    """A shell variable that only looks like a typo (NODES, one letter from NNODES) is refused with the way out, and
+    the way out works for the names it lists only."""
+    (error,) = unknown_variables({"NODES": "4"})
+    assert "export RECIPE_ALLOW_VARIABLES=NODES" in error
+    assert unknown_variables({"NODES": "4", "RECIPE_ALLOW_VARIABLES": "NODES, CKPT_DIR"}) == []
+    (error,) = unknown_variables({"NODES": "4", "NNODE": "2", "RECIPE_ALLOW_VARIABLES": "NODES"})
+    assert error.startswith("NNODE is set")
+
+
 def test_other_projects_and_the_shells_variables_are_left_alone():
     """vLLM's, Ray's, verl's, wandb's, CUDA's and torch's own variables (some a letter or two from a declared one),
     the recipe's non-knob variables and a shell's usual ones are never refused."""
