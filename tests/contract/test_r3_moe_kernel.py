@@ -197,7 +197,10 @@ def test_on_a_gpu_the_engine_refuses_a_monolithic_kernel_while_it_captures_route
     from recipe.cpu import vllm_plugin
 
     monkeypatch.setattr(vllm.platforms, "current_platform", Cuda(10), raising=False)
-    monkeypatch.setattr(MoERunner, "_apply_quant_method", MoERunner._apply_quant_method)
+    vllm_own = MoERunner._apply_quant_method  # unwrapped: a CPU engine earlier in this process wraps it its own way
+    while getattr(vllm_own, vllm_plugin.MARK, False):
+        vllm_own = vllm_own.__wrapped__
+    monkeypatch.setattr(MoERunner, "_apply_quant_method", vllm_own)
     vllm_plugin.apply()
     vllm_plugin.apply()  # every vLLM process calls it: wrapped once
     guard = MoERunner._apply_quant_method
