@@ -20,19 +20,24 @@ from pathlib import Path
 
 
 def _init_distributed(cpu: bool) -> None:
+    """torchrun's rendezvous when it launched us; alone, an in-process store: a one-rank world needs no TCP port, and
+    a port picked here could be taken by a neighbour before the store binds it (it was, in CI beside other tests)."""
     import torch
     import torch.distributed as dist
 
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(20000 + os.getpid() % 20000)),
-                       ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(key, value)
+    launched = "WORLD_SIZE" in os.environ
+    os.environ.setdefault("LOCAL_RANK", "0")
     if cpu:
         from . import cpu_cuda
 
         cpu_cuda.install()
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("gloo" if cpu else "nccl")
+    backend = "gloo" if cpu else "nccl"
+    if launched:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def _model_dir(args) -> Path:

@@ -134,9 +134,12 @@ def test_plugin_applies_the_fix_only_on_the_cpu_platform(monkeypatch):
     from recipe.cpu import vllm_plugin
 
     calls = []
-    fixes = ("keep_linear_weights", "keep_moe_weight_loaders", "fix_spec_expand_kernel", "fix_spec_recovered_kernel", "capture_cpu_routing")
+    fixes = ("keep_linear_weights", "keep_moe_weight_loaders", "fix_spec_expand_kernel", "fix_spec_recovered_kernel", "capture_cpu_routing",
+             "fix_moe_silu_entry")
     for name in fixes:
         monkeypatch.setattr(vllm_plugin, name, lambda name=name: calls.append(name))
+
+    monkeypatch.setattr(vllm_plugin, "refuse_uncaptured_routing", lambda: calls.append("refuse_uncaptured_routing"))
 
     class Gpu:
         @staticmethod
@@ -145,7 +148,8 @@ def test_plugin_applies_the_fix_only_on_the_cpu_platform(monkeypatch):
 
     monkeypatch.setattr(vllm.platforms, "current_platform", Gpu())
     vllm_plugin.apply()
-    assert calls == []
+    assert calls == ["refuse_uncaptured_routing"]  # off the CPU only the GPU half of the routing capture
+    calls.clear()
     monkeypatch.undo()
     monkeypatch.setattr(cpu_tl, "expand_kernel", cpu_tl.expand_kernel)
     for name in fixes:
