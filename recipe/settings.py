@@ -44,6 +44,10 @@ ENV_OF_KEY = {
     "recipe.sampling_seed": "ROLLOUT_SAMPLING_SEED",
     "recipe.record_tokens.enable": "RECORD_TOKENS",
     "recipe.record_tokens.max_mb": "RECORD_TOKENS_MAX_MB",
+    "recipe.draft_head.online": "ROLLOUT_DRAFT_ONLINE",
+    "recipe.draft_head.train_steps": "ROLLOUT_DRAFT_TRAIN_STEPS",
+    "recipe.draft_head.capture_tokens": "ROLLOUT_DRAFT_CAPTURE_TOKENS",
+    "recipe.draft_head.lr": "ROLLOUT_DRAFT_LR",
 }
 
 
@@ -201,6 +205,28 @@ class TokenRecordSettings:
 
 
 @dataclass(frozen=True)
+class DraftHeadSettings:
+    """``recipe.draft_head``: online learning of the ``eagle3`` head (``recipe/adapter/draft_learning.py``)."""
+
+    online: bool  # train the head each step on the step's captured hidden states
+    train_steps: int  # optimizer steps per RL step
+    capture_tokens: int  # tokens (and their aux hidden states) each engine keeps per step for training
+    lr: float
+    batch_tokens: int  # tokens per optimizer step
+
+
+def parse_draft_head(cfg: Mapping) -> DraftHeadSettings:
+    d = select(cfg, "recipe.draft_head", {}) or {}
+    return DraftHeadSettings(
+        online=as_bool(d.get("online", False), "recipe.draft_head.online"),
+        train_steps=as_int(d.get("train_steps", 8), "recipe.draft_head.train_steps", minimum=1),
+        capture_tokens=as_int(d.get("capture_tokens", 16384), "recipe.draft_head.capture_tokens", minimum=1),
+        lr=as_float(d.get("lr", 1e-4), "recipe.draft_head.lr", low=0, low_open=True, high=1),
+        batch_tokens=as_int(d.get("batch_tokens", 4096), "recipe.draft_head.batch_tokens", minimum=1),
+    )
+
+
+@dataclass(frozen=True)
 class RecipeSettings:
     sampler: SamplerSettings
     cap: CapSettings
@@ -208,6 +234,7 @@ class RecipeSettings:
     tail_cut: TailCutSettings
     traces: TraceSettings
     record_tokens: TokenRecordSettings
+    draft_head: DraftHeadSettings
     response_length: int
     poll_interval_s: float  # verl's replay buffer: how often it polls TransferQueue for finished groups
     sampling_seed: int | None  # per-response vLLM seeds from (seed, epoch, row, sample); None: the engine's RNG
@@ -387,6 +414,7 @@ def parse_settings(cfg: Mapping) -> RecipeSettings:
         tail_cut=parse_tail_cut(cfg, over_sample, sampler.enabled),
         traces=TraceSettings(enabled=as_bool(t.get("enable", True), "recipe.traces.enable"), path=t.get("path")),
         record_tokens=parse_record_tokens(cfg),
+        draft_head=parse_draft_head(cfg),
         response_length=response_length,
         poll_interval_s=as_float(select(cfg, "recipe.replay_buffer.poll_interval_s", 0.2),
                                  "recipe.replay_buffer.poll_interval_s", low=0, low_open=True, high=10),

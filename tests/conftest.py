@@ -157,6 +157,28 @@ def vllm_engine(tiny_artifacts):
 
 
 @pytest.fixture(scope="session")
+def eagle3_engine(tiny_artifacts):
+    """One ``ROLLOUT_SPECULATIVE=eagle3`` engine per session: the tiny model drafting with its tiny trained EAGLE-3
+    head (``recipe/tiny/eagle3_head.py``, ~2 min once per machine, cached), K = 3 draft tokens, through the
+    ``speculative_config`` the recipe composes. Tests that change its head or wrap its drafter put it back."""
+    from recipe.rollout_spec import speculative_config
+    from recipe.route_record.engine import InProcessVLLM
+    from recipe.tiny.eagle3_head import build_tiny_eagle3_head
+
+    head = build_tiny_eagle3_head(tiny_artifacts.model_dir)
+    spec = speculative_config({"ROLLOUT_SPECULATIVE": "eagle3", "ROLLOUT_SPECULATIVE_TOKENS": 3,
+                               "ROLLOUT_SPECULATIVE_MAX_BATCH": 0, "ROLLOUT_MAX_NUM_SEQS": 32,
+                               "DRAFT_MODEL_PATH": str(head)})
+    assert spec == {"method": "eagle3", "num_speculative_tokens": 3, "model": str(head)}
+    engine = InProcessVLLM(tiny_artifacts.model_dir, max_model_len=1024, max_num_seqs=32, seed=0,
+                           disable_log_stats=False, logprobs_mode="processed_logprobs", kv_cache_gib=0.25,
+                           speculative_config=spec)
+    engine.head_dir = head
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
 def route_records(vllm_engine, tiny_artifacts, tmp_path_factory):
     """The single-turn routing-replay paths, recorded once on the session's engine for the engine and the Megatron
     tests (``recipe.route_record.paths.record_single_turn``)."""

@@ -59,6 +59,7 @@ from ..settings import parse_settings
 from ..token_record import TokenRecorder
 from ..traces import LengthTraceWriter, finish_reasons
 from .columns import column_to_numpy, sequences
+from .draft_learning import DraftLearning, eagle3_head
 from .fields import CAP, PARTIAL, PREDICTION, PRIORITY, ROLLOUT_STEP, ROW_ID, SEED
 from .oversample import OverSampleDriver
 from .partial import STALE
@@ -118,6 +119,14 @@ class LengthAwareTrainer(PPOTrainerSync):
         self.spec_meter = (SpecAcceptanceMeter(lambda: self.llm_server_manager.server_addresses)
                            if vllm_kwargs.get("speculative_config") else None)
         self._spec_step: dict = {}
+        head = eagle3_head(config)
+        if self.settings.draft_head.online and head is None:
+            from ..settings import RecipeConfigError
+
+            raise RecipeConfigError("recipe.draft_head.online (ROLLOUT_DRAFT_ONLINE=1) trains an EAGLE-3 head: it "
+                                    "needs ROLLOUT_SPECULATIVE=eagle3 and DRAFT_MODEL_PATH")
+        self.draft = (DraftLearning(self.settings.draft_head, head, config.actor_rollout_ref.model.path)
+                      if head is not None else None)
 
     def _build_replay_buffer(self):
         buffer = super()._build_replay_buffer()
@@ -292,7 +301,14 @@ class LengthAwareTrainer(PPOTrainerSync):
             uids, level, step = self._launch
             self.tail_cut.start(self.checkpoint_manager, uids, level, step=step)
 
+    def on_init_end(self):
+        super().on_init_end()  # verl's first weight sync
+        if self.draft is not None:
+            self.draft.start(self.checkpoint_manager)
+
     def on_sample_end(self):
+        if self.draft is not None:  # the engines' captures, before the replicas sleep
+            self.draft.after_rollout(self.checkpoint_manager)
         if self.over_sample is not None:
             self.over_sample.settle(self)
             self.length_sampler.extra_state[OVER_SAMPLE_STATE_KEY] = self.over_sample.state_dict()
@@ -302,10 +318,26 @@ class LengthAwareTrainer(PPOTrainerSync):
 
     def on_step_end(self):
         super().on_step_end()
+        if self.draft is not None:  # after the weight sync, which a level-2 sleep makes lose the head
+            self.draft.push(self.checkpoint_manager)
         if self.over_sample is not None:
             self.over_sample.resume(self)
         if self.tail_cut is not None:
             self.tail_cut.resume(self.checkpoint_manager)
+
+    def _save_checkpoint(self):
+        if self.draft is not None:  # before verl's tracker file names this step as the latest checkpoint
+            self.draft.save(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        out = super()._load_checkpoint()
+        if self.draft is not None and self.global_steps > 0:  # the folder verl resumed from
+            t = self.config.trainer
+            folder = (t.resume_from_path if t.resume_mode == "resume_path"
+                      else os.path.join(t.default_local_dir, f"global_step_{self.global_steps}"))
+            self.draft.load(os.path.abspath(folder))
+        return out
 
     def _validate(self):
         meter = getattr(self, "spec_meter", None)
@@ -317,6 +349,9 @@ class LengthAwareTrainer(PPOTrainerSync):
         meter = getattr(self, "spec_meter", None)
         self._spec_step = meter.end() if meter is not None else {}
         metrics.update(self._spec_step)
+        if self.draft is not None:  # the head trained beside the actor update
+            self.draft.finish_training()
+            metrics.update(self.draft.step_metrics())
         metrics.update(self.observe_batch(batch, gen_time_s=float(timing_raw.get("gen", 0.0))))
         if self.over_sample is not None:
             metrics.update(self.over_sample.last_metrics)

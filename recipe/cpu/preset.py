@@ -117,7 +117,17 @@ def cpu_flavour(env: Mapping[str, str]) -> str:
 
 
 def cpu_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The preset's values, with the tiny model and data built (or reused) under ``RECIPE_FIXTURE_CACHE``."""
+    """The preset's values, with the tiny model and data built (or reused) under ``RECIPE_FIXTURE_CACHE``; with
+    ``ROLLOUT_SPECULATIVE=eagle3`` and no ``DRAFT_MODEL_PATH``, the tiny EAGLE-3 head trained for that model too."""
+    out = _model_and_data(env)
+    if (env.get("ROLLOUT_SPECULATIVE") or "").strip() == "eagle3" and not (env.get("DRAFT_MODEL_PATH") or "").strip():
+        from ..tiny.eagle3_head import build_tiny_eagle3_head
+
+        out["DRAFT_MODEL_PATH"] = str(build_tiny_eagle3_head(out["MODEL_PATH"], env.get("RECIPE_FIXTURE_CACHE") or None))
+    return out
+
+
+def _model_and_data(env: Mapping[str, str]) -> dict[str, str]:
     reward = Path(__file__).resolve().parents[2] / "reward"
     cache = env.get("RECIPE_FIXTURE_CACHE") or None
     flavour = cpu_flavour(env)

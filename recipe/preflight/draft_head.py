@@ -241,7 +241,11 @@ def check_draft_head(cfg: Mapping, hf: dict | None, errors: list[str], notes: li
     from ..rollout_spec import KEY
 
     spec = select(cfg, KEY)
+    online = str(select(cfg, "recipe.draft_head.online", False)).lower() in ("1", "true")
     if not isinstance(spec, Mapping) or spec.get("method") != "eagle3":
+        if online:
+            errors.append("ROLLOUT_DRAFT_ONLINE=1 (recipe.draft_head.online) trains an EAGLE-3 head: set "
+                          f"ROLLOUT_SPECULATIVE=eagle3 and {VAR}, or unset ROLLOUT_DRAFT_ONLINE")
         return
     tp = select(cfg, f"{ARR}.rollout.tensor_model_parallel_size") or 1
     draft_tp = spec.get("draft_tensor_parallel_size") or tp
@@ -259,6 +263,10 @@ def check_draft_head(cfg: Mapping, hf: dict | None, errors: list[str], notes: li
     if hf is None:
         return  # the model check names MODEL_PATH's problem
     found = head_problems(head, hf, draft_tp)
+    if online and (head.layers != 1 or head.arch not in ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")):
+        found.append(f"ROLLOUT_DRAFT_ONLINE=1: the online trainer trains vLLM's one-layer EAGLE-3 Llama head "
+                     f"(LlamaForCausalLMEagle3, recipe/drafting/eagle3_model.py); {head.path} is {head.arch} with "
+                     f"{head.layers} layer(s): convert it to that format, or unset ROLLOUT_DRAFT_ONLINE")
     errors.extend(found)
     if not found:
         ids = head.aux_layer_ids or default_aux_layers(hf["num_hidden_layers"])

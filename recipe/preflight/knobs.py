@@ -133,8 +133,9 @@ KNOBS: tuple[Knob, ...] = (
          "unset on a GPU machine", default_doc="unset", choices=("", "cpu", "smoke"), group=_G_IN),
     Knob("POLICY_PRESET", "choice", "", "(the sampler, cap, tail cut, scheduling and drafter variables)",
          "`best-onpolicy-spec`: the simulator's fastest strictly on-policy configuration of that name (tail cut at "
-         "0.8 point, longest-first order, no cap, ROLLOUT_SPECULATIVE=group; `recipe/policy_presets.py`); your own "
-         "variables win; its warm start is SAMPLER_INIT_FROM", default_doc="unset",
+         "0.8 point, longest-first order, no cap; drafting with ROLLOUT_SPECULATIVE=eagle3 learning online where "
+         "DRAFT_MODEL_PATH names a head, else group; `recipe/policy_presets.py`); your own variables win; its warm "
+         "start is SAMPLER_INIT_FROM", default_doc="unset",
          choices=("", "best-onpolicy-spec"), group=_G_IN),
     Knob("CPU_MODEL", "choice", "trained", "(PRESET=cpu: MODEL_PATH, TRAIN_FILE, TEST_FILE, the reward, lengths, "
          "cap)", "PRESET=cpu: `trained`: the tiny model trained on countdowns (answers end with EOS at lengths the "
@@ -282,6 +283,17 @@ KNOBS: tuple[Knob, ...] = (
          "(config.json and safetensors, vLLM's or speculators' format) made for MODEL_PATH; the preflight checks its "
          "hidden size, aux layers, vocabulary and TP against the model (`recipe/preflight/draft_head.py`)",
          default_doc="unset", group=_G_ROLLOUT),
+    Knob("ROLLOUT_DRAFT_ONLINE", "bool", "0", "recipe.draft_head.online", "eagle3: train the head each step on the "
+         "target's hidden states the engines captured while drafting, then push it with the weight sync "
+         "(`recipe/adapter/draft_learning.py`; the head is pushed and checked equal in every engine either way)",
+         group=_G_ROLLOUT),
+    Knob("ROLLOUT_DRAFT_TRAIN_STEPS", "int", "8", "recipe.draft_head.train_steps", "online head: optimizer steps "
+         "per RL step (4096 tokens each)", minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_DRAFT_CAPTURE_TOKENS", "int", "16384", "recipe.draft_head.capture_tokens", "online head: tokens "
+         "each engine keeps per step with their aux hidden states (float16; 16384 x 3 x 2048 x 2 B = 192 MiB for "
+         "Qwen3-30B-A3B)", minimum=1, group=_G_ROLLOUT),
+    Knob("ROLLOUT_DRAFT_LR", "float", "1e-4", "recipe.draft_head.lr", "online head: AdamW learning rate",
+         minimum=0, group=_G_ROLLOUT),
     Knob("ROLLOUT_GROUP_AFFINITY", "bool", _group_affinity,
          f"{ARR}.rollout.router_config_path=configs/router/group_affinity.yaml",
          "route every response of a GRPO group to one vLLM replica, and a prompt's later groups back to it (its "

@@ -235,6 +235,10 @@ def _arms(v: dict) -> list[str]:
         f"recipe.tail_cut.max_extra_truncation={v['TAIL_CUT_MAX_EXTRA_TRUNCATION']}",
         f"recipe.record_tokens.enable={int(v['RECORD_TOKENS'])}",
         f"recipe.record_tokens.max_mb={v['RECORD_TOKENS_MAX_MB']}",
+        f"recipe.draft_head.online={int(v['ROLLOUT_DRAFT_ONLINE'])}",
+        f"recipe.draft_head.train_steps={v['ROLLOUT_DRAFT_TRAIN_STEPS']}",
+        f"recipe.draft_head.capture_tokens={v['ROLLOUT_DRAFT_CAPTURE_TOKENS']}",
+        f"recipe.draft_head.lr={v['ROLLOUT_DRAFT_LR']}",
         "recipe.sampling_seed=" + ("null" if v["ROLLOUT_SAMPLING_SEED"] is None else str(v["ROLLOUT_SAMPLING_SEED"])),
     ]
 

@@ -1,11 +1,9 @@
 """A tiny EAGLE-3 head for the tiny Qwen3-MoE (:func:`~.artifacts.build_tiny_qwen3_moe`), trained offline on the
 model's own hidden states, in the plain EAGLE-3 checkpoint format vLLM 0.24 loads (``LlamaForCausalLMEagle3``).
 
-The head is vLLM's ``Eagle3LlamaForCausalLM`` with one decoder layer: ``fc`` maps the target's residual stream after
-layers 1, 2 and 3 (``eagle_aux_hidden_state_layer_ids``: vLLM's default for a 4-layer model collapses to two) to the
-hidden size; the layer attends over ``[input_layernorm(embedding of the next token), hidden_norm(fc output)]``; the
-target's embeddings and LM head are shared (the checkpoint has neither, so vLLM lends the target's). Here it is
-assembled from transformers' Llama modules under the checkpoint's names, so the trained state dict is the checkpoint.
+The head is :mod:`recipe.drafting.eagle3_model`'s (vLLM's ``Eagle3LlamaForCausalLM``, one layer) over the target's
+residual stream after layers 1, 2 and 3 (``eagle_aux_hidden_state_layer_ids``: vLLM's default for a 4-layer model
+collapses to two); the target's embeddings and LM head are shared (the checkpoint has neither).
 
 Training is the first draft step of EAGLE-3 (no training-time test over later steps): at each position t of the
 model's own sampled text, from its hidden states at t and token t+1, match the model's distribution of token t+2
@@ -21,72 +19,11 @@ import json
 import os
 from pathlib import Path
 
+from ..drafting.eagle3_model import checkpoint_state, head_config, head_module
 from .artifacts import _atomic_build, default_cache_dir
 
 HEAD_VERSION = "eagle3-v1"
 AUX_LAYERS = (1, 2, 3)
-
-
-def head_config(target: dict, aux_layers=AUX_LAYERS) -> dict:
-    """The head's ``config.json`` for a target's ``config.json``: one Llama layer of the target's width."""
-    from transformers import LlamaConfig
-
-    hidden = target["hidden_size"]
-    config = LlamaConfig(
-        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
-        num_attention_heads=target["num_attention_heads"], num_key_value_heads=target["num_key_value_heads"],
-        head_dim=target.get("head_dim") or hidden // target["num_attention_heads"], vocab_size=target["vocab_size"],
-        max_position_embeddings=target["max_position_embeddings"], rms_norm_eps=target.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=False, dtype="float32",
-    ).to_dict()
-    return {**config, "architectures": ["LlamaForCausalLMEagle3"], "target_hidden_size": hidden,
-            "draft_vocab_size": target["vocab_size"], "eagle_aux_hidden_state_layer_ids": list(aux_layers)}
-
-
-def _head_module(config: dict):
-    """vLLM's Eagle3 Llama head as torch modules named like its checkpoint (``fc``, ``midlayer.*``, ``norm``)."""
-    import torch
-    from torch import nn
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
-
-    cfg = LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"})
-    cfg._attn_implementation = "sdpa"  # causal without a mask
-    h, n_aux = cfg.hidden_size, len(config["eagle_aux_hidden_state_layer_ids"])
-
-    class Layer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.self_attn = LlamaAttention(cfg, layer_idx=0)
-            attn = self.self_attn
-            for name, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads),
-                                ("v_proj", cfg.num_key_value_heads)):  # the first layer reads [embeds, hidden]
-                setattr(attn, name, nn.Linear(2 * h, heads * attn.head_dim, bias=False))
-            self.mlp = LlamaMLP(cfg)
-            self.input_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-            self.hidden_norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-            self.post_attention_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-
-    class Head(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(n_aux * h, h, bias=False)
-            self.midlayer = Layer()
-            self.norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-            self.rotary = LlamaRotaryEmbedding(cfg)
-
-        def forward(self, aux: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-            """``aux`` (B, T, n_aux*H): the target's hidden states at t; ``embeds`` (B, T, H): token t+1's
-            embedding; returns the normed hidden state the LM head reads (vLLM's ``LlamaModel.forward``)."""
-            layer = self.midlayer
-            residual = self.fc(aux)
-            x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(residual)], dim=-1)
-            positions = torch.arange(aux.shape[1]).expand(aux.shape[0], -1)
-            residual = residual + layer.self_attn(x, self.rotary(x, positions), None)[0]
-            residual = residual + layer.mlp(layer.post_attention_layernorm(residual))
-            return self.norm(residual)
-
-    return Head()
 
 
 def _samples(model, n: int, prompt_len: int, new: int, seed: int, temperature: float):
@@ -111,7 +48,7 @@ def train_head(model_dir: str | os.PathLike, out: Path, *, seed: int = 0, steps:
     torch.manual_seed(seed)
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     config = head_config(target.config.to_dict(), aux_layers)
-    head = _head_module(config)
+    head = head_module(config)
     with torch.no_grad():
         seqs = _samples(target, texts + 16, 16, length - 16, seed, temperature)
         o = target(seqs, output_hidden_states=True)
@@ -134,7 +71,7 @@ def train_head(model_dir: str | os.PathLike, out: Path, *, seed: int = 0, steps:
     with torch.no_grad():
         top = lm_head(head(aux[held], embeds[held])).argmax(-1)
         agree = (top == labels[held]).float().mean().item()
-    state = {k: v.detach().contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    state = checkpoint_state(head)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2))

