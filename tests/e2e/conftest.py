@@ -86,8 +86,10 @@ def _multi_turn(name: str, extra: dict, args: tuple = (), slow: dict | None = No
 
 # The multi-turn preset as a user runs it (the real calculator, in the sandbox), with checkpoints, killed with
 # SIGKILL mid-epoch after global_step_8 and relaunched: resumption, and whether 18 steps of GRPO teach the policy to
-# call the tool.
-MT_RESUME = {"MULTI_TURN": "1", **CHECKPOINTS, "EXPERIMENT_NAME": "mt-resume"}
+# call the tool. It drafts with the preset's tiny EAGLE-3 head learning online (lossless: the policy's samples are
+# the same in law), so the same kill and relaunch show the head saved and resumed with the run.
+EAGLE3_ONLINE = {"ROLLOUT_SPECULATIVE": "eagle3", "ROLLOUT_DRAFT_ONLINE": "1", "ROLLOUT_DRAFT_LR": "1e-3"}
+MT_RESUME = {"MULTI_TURN": "1", **CHECKPOINTS, "EXPERIMENT_NAME": "mt-resume", **EAGLE3_ONLINE}
 
 
 def _multi_turn_resume(launcher: Launcher) -> Run:

@@ -50,3 +50,42 @@ def _walk(obj, key=None):
     if isinstance(obj, dict):
         for k, v in obj.items():
             yield from _walk(v, k)
+
+
+def test_the_online_draft_head_is_saved_and_resumed(multi_turn_resume_run):
+    """ROLLOUT_SPECULATIVE=eagle3 with ROLLOUT_DRAFT_ONLINE=1 (conftest.py MT_RESUME): each checkpoint holds the head
+    as trained to its step (a head directory vLLM loads, and its optimizer), and the relaunch takes it back: its
+    first step goes on from the saved optimizer-step count, as the killed launch's did, and the engines' heads were
+    checked equal to it (the run stops otherwise: recipe/adapter/draft_learning.py)."""
+    import json
+    import re
+
+    from safetensors.numpy import load_file
+
+    from recipe.drafting.head_trainer import STATE, WEIGHTS
+
+    run, killed = multi_turn_resume_run, multi_turn_resume_run.killed
+    saved = run.run_dir / f"global_step_{killed.checkpoint}" / "draft_head"
+    per_step = 8  # ROLLOUT_DRAFT_TRAIN_STEPS' default
+    assert json.loads((saved / STATE).read_text())["optimizer_steps"] == per_step * killed.checkpoint
+    assert f"draft head resumed from {saved} ({per_step * killed.checkpoint} optimizer steps)" in run.output
+    assert "draft head resumed" not in killed.output
+    first, second = (_metrics_by_step(p) for p in sorted((run.run_dir / "logs").glob("metrics.*.jsonl")))
+    step = killed.checkpoint + 1
+    assert first[step]["draft_head/optimizer_steps"] == second[step]["draft_head/optimizer_steps"] == per_step * step
+    start = re.search(r"LlamaForCausalLMEagle3 at (\S+),", killed.output).group(1)  # the preflight's note
+    head, initial = load_file(saved / WEIGHTS), load_file(f"{start}/{WEIGHTS}")
+    assert sorted(head) == sorted(initial) and any(not np.array_equal(head[k], initial[k]) for k in initial)
+    tops = [m["draft_head/top1_before_train"] for _, m in sorted({**first, **second}.items())]
+    print(f"online head, first-draft top-1 on each step's rollouts: {[round(t, 3) for t in tops]}")
+
+
+def _metrics_by_step(path) -> dict[int, dict]:
+    import json
+
+    out: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            out.setdefault(int(rec["step"]), {}).update(rec["data"])
+    return {s: m for s, m in out.items() if "draft_head/optimizer_steps" in m}
