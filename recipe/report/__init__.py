@@ -10,6 +10,7 @@ from recipe.report.load import Run, RunLogsError, find_logs, load_run, read_metr
 from recipe.report.plots import (
     plot_cap,
     plot_mismatch,
+    plot_speculation,
     plot_response_lengths,
     plot_times,
     plot_val_score,
@@ -45,6 +46,7 @@ __all__ = [
     "main",
     "plot_cap",
     "plot_mismatch",
+    "plot_speculation",
     "plot_response_lengths",
     "plot_times",
     "plot_val_score",

@@ -136,12 +136,37 @@ def plot_mismatch(runs: list[Run]) -> Figure:
     return fig
 
 
+SPEC_TOKENS = "rollout/spec_acceptance_length"  # 1 + accepted per draft: tokens per verify step (spec_metrics.py)
+HEAD_TOP1 = "draft_head/top1_before_train"  # the online head's first-draft agreement on the step's new data
+
+
+def plot_speculation(runs: list[Run]) -> Figure:
+    """Speculative decoding per step: tokens per verify step from vLLM's counters (any drafter), and where the
+    eagle3 head learns online, its top-1 agreement on each step's rollouts before it trains on them; e.g. a
+    frozen head against an online one (bench/draft_online_ab.py)."""
+    fig, (acc_ax, head_ax) = _figure(2, 3.5)
+    for ax, key in ((acc_ax, SPEC_TOKENS), (head_ax, HEAD_TOP1)):
+        for i, run in enumerate(runs):
+            s = series(run, key)
+            if not s.empty:
+                ax.plot(s.index.to_numpy(), s.to_numpy(), marker=".", color=f"C{i}", label=run.name)
+        ax.set_xlabel("step")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    acc_ax.set_title(f"accepted draft tokens per draft + 1 ({SPEC_TOKENS})")
+    acc_ax.set_ylabel("tokens per verify step")
+    head_ax.set_title(f"online head: first draft's top-1 on the step's rollouts, before training on them\n({HEAD_TOP1})")
+    head_ax.set_ylabel("top-1 agreement")
+    return fig
+
+
 PLOTS = {
     "time_per_step.png": plot_times,
     "response_length.png": plot_response_lengths,
     "cap.png": plot_cap,
     "val_score.png": plot_val_score,
     "mismatch.png": plot_mismatch,
+    "speculation.png": plot_speculation,
 }
 
 

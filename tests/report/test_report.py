@@ -18,6 +18,7 @@ from recipe.report import (
     main,
     plot_cap,
     plot_response_lengths,
+    plot_speculation,
     plot_times,
     plot_val_score,
     read_metrics,
@@ -160,9 +161,21 @@ def test_plots_draw_the_logged_data(runs_dir, tmp_path, inputs):
     assert np.allclose(frac_b * 24, np.histogram(all_b, bins=edges_b)[0])
 
     paths = write_plots([base, capped], tmp_path / "out")
-    assert sorted(paths) == ["cap.png", "mismatch.png", "response_length.png", "time_per_step.png", "val_score.png"]
+    assert sorted(paths) == ["cap.png", "mismatch.png", "response_length.png", "speculation.png", "time_per_step.png",
+                             "val_score.png"]
     for p in paths.values():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_speculation_plot_draws_acceptance_and_the_online_heads_top1(runs_dir):
+    frozen, online = load_run(runs_dir / "baseline"), load_run(runs_dir / "capped")
+    frozen.metrics["rollout/spec_acceptance_length"] = [1.5 + 0.01 * i for i in range(len(frozen.metrics))]
+    online.metrics["rollout/spec_acceptance_length"] = [1.5 + 0.05 * i for i in range(len(online.metrics))]
+    online.metrics["draft_head/top1_before_train"] = [0.2 + 0.02 * i for i in range(len(online.metrics))]
+    acc_ax, head_ax = plot_speculation([frozen, online]).axes
+    assert [line.get_label() for line in acc_ax.lines] == [frozen.name, online.name]
+    assert acc_ax.lines[1].get_ydata().tolist() == online.metrics["rollout/spec_acceptance_length"].tolist()
+    assert [line.get_label() for line in head_ax.lines] == [online.name]  # the frozen head logs no top-1
 
 
 def test_training_time_to_each_validation(runs_dir, inputs):
@@ -209,7 +222,8 @@ def test_script_end_to_end(runs_dir, tmp_path):
     assert "under cap; pass the run directory itself" in out.stdout
     report = tmp_path / "compare_base_vs_cap"  # default output: a new folder in the caller's directory
     assert {p.name for p in report.iterdir()} == {
-        "compare.md", "time_per_step.png", "response_length.png", "cap.png", "val_score.png", "mismatch.png"
+        "compare.md", "time_per_step.png", "response_length.png", "cap.png", "val_score.png", "mismatch.png",
+        "speculation.png"
     }
     assert "| gen time/step mean [s] | 14.67 | 15.67 |" in (report / "compare.md").read_text()
 
