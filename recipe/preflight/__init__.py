@@ -60,11 +60,12 @@ __all__ = ["KNOB", "KNOBS", "Knob", "PreflightReport", "RunPaths", "build_overri
 def effective_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[tuple[str, dict[str, str]]]]:
     """The environment with the presets' values under the user's explicit (non-empty) ones, and the presets that
     applied as ``(label, values)`` pairs (``POLICY_PRESET``'s above ``PRESET``'s)."""
-    from ..policy_presets import POLICY_PRESETS, policy_env
+    from ..policy_presets import policy_env, preset_values
 
     merged = policy_env(env)  # POLICY_PRESET: the simulator's configuration, under the user's own variables
     policy = (env.get("POLICY_PRESET") or "").strip()
-    presets = [(f"POLICY_PRESET={policy}", POLICY_PRESETS[policy])] if policy in POLICY_PRESETS else []
+    values = preset_values(policy, env)
+    presets = [(f"POLICY_PRESET={policy}", values)] if values is not None else []
     preset = (merged.get("PRESET") or "").strip()
     if preset == "smoke":
         from ..smoke import smoke_env as preset_env

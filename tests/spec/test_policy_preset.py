@@ -17,6 +17,19 @@ def test_the_preset_is_the_simulators_policy():
     assert p.warm_start == "previous_run"  # the user's SAMPLER_INIT_FROM: not a preset value
 
 
+def test_a_head_makes_the_preset_draft_with_it_learning_online(tmp_path):
+    """With DRAFT_MODEL_PATH the simulator's first drafter (python -m recipe.sim.learned: eagle3 online), else group."""
+    from recipe.policy_presets import preset_values
+
+    with_head = policy_env({"POLICY_PRESET": "best-onpolicy-spec", "DRAFT_MODEL_PATH": str(tmp_path)})
+    assert with_head["ROLLOUT_SPECULATIVE"] == "eagle3" and with_head["ROLLOUT_DRAFT_ONLINE"] == "1"
+    for unset in ("", "none"):
+        assert preset_values("best-onpolicy-spec", {"DRAFT_MODEL_PATH": unset})["ROLLOUT_SPECULATIVE"] == "group"
+    mine = policy_env({"POLICY_PRESET": "best-onpolicy-spec", "DRAFT_MODEL_PATH": str(tmp_path),
+                       "ROLLOUT_DRAFT_ONLINE": "0"})
+    assert mine["ROLLOUT_DRAFT_ONLINE"] == "0"  # a frozen head, the user's choice
+
+
 def test_explicit_variables_win_and_no_preset_changes_nothing():
     env = policy_env({"POLICY_PRESET": "best-onpolicy-spec", "TAIL_CUT_MAX_EXTRA_TRUNCATION": "0.005",
                       "ROLLOUT_SPECULATIVE": ""})
