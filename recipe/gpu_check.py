@@ -94,11 +94,13 @@ SPEC_METRICS = ("rollout/spec_drafts", "rollout/spec_draft_tokens", "rollout/spe
                 "rollout/spec_draft_acceptance_rate", "rollout/spec_acceptance_length")
 
 
-def smoke_problems(run_dir: str | os.PathLike, steps: int, spec: bool = False) -> list[str]:
+def smoke_problems(run_dir: str | os.PathLike, steps: int, spec: bool = False, accepted: bool = False) -> list[str]:
     """What the smoke run's logs lack: ``steps`` training steps in verl's file log, each with an actor update and
-    the recipe's metrics, and a length trace per step; with ``spec`` (the ``ROLLOUT_SPECULATIVE=ngram`` smoke run)
-    also speculative decoding's acceptance metrics on every step, with drafts (recipe/adapter/spec_metrics.py; the
-    tiny random model at temperature 1 accepts almost none, so the acceptance itself may be 0)."""
+    the recipe's metrics, and a length trace per step; with ``spec`` (the speculative smoke runs) also speculative
+    decoding's acceptance metrics on every step, with drafts (recipe/adapter/spec_metrics.py; a drafter that knows
+    nothing of the tiny random model may see none accepted, so the acceptance itself may be 0); with ``accepted``
+    (the tiny EAGLE-3 head, trained on that model, learning online) also accepted draft tokens over the steps and
+    the online head's ``draft_head/*`` on every step (its capture, training and checked push ran on the GPU)."""
     from .traces import iter_jsonl, read_records
 
     run = Path(run_dir)
@@ -119,6 +121,13 @@ def smoke_problems(run_dir: str | os.PathLike, steps: int, spec: bool = False) -
                 missing.append("speculative drafts (rollout/spec_drafts is 0)")
         if missing:
             problems.append(f"step {step}: no {', '.join(missing)}")
+    online = [s for s, d in logged.items() if 1 <= s <= steps and "draft_head/optimizer_steps" in d]
+    if accepted and len(online) != steps:
+        problems.append(f"the online head (ROLLOUT_DRAFT_ONLINE=1) logged draft_head/* on steps {sorted(online)} of "
+                        f"1-{steps}: no capture, training or push on the others")
+    if accepted and not any(d.get(SPEC_METRICS[2], 0) > 0 for s, d in logged.items() if 1 <= s <= steps):
+        problems.append(f"no accepted draft tokens in steps 1-{steps} ({SPEC_METRICS[2]} is 0 or absent): the head "
+                        "never drafted a token the model sampled (a head for another model, or wrong hidden states)")
     traces = run / "length_traces.jsonl"
     traced = read_records(traces) if traces.is_file() else {}
     if untraced := [s for s in range(1, steps + 1) if s not in traced]:
@@ -127,18 +136,29 @@ def smoke_problems(run_dir: str | os.PathLike, steps: int, spec: bool = False) -
 
 
 def spec_summary(run_dir: str | os.PathLike, steps: int) -> str:
-    """The run's drafts, draft tokens and accepted tokens over its first ``steps`` steps, for the table."""
+    """The run's drafts, draft tokens and accepted tokens over its first ``steps`` steps, for the table, and those of
+    its validations (``val-aux/spec_*``) when logged: verl validates greedily, where a trained head's drafts are
+    accepted far more often than at the rollout's temperature 1 (near chance for the tiny random model)."""
     from .traces import iter_jsonl
 
     total = dict.fromkeys(SPEC_METRICS[:3], 0.0)
+    val = {k.replace("rollout/", "val-aux/"): 0.0 for k in SPEC_METRICS[:3]}
     for f in sorted((Path(run_dir) / "logs").glob("metrics.*.jsonl")):
         for _, rec in iter_jsonl(f):
-            if isinstance(rec, dict) and 1 <= int(rec.get("step", 0)) <= steps:
-                for k in total:
-                    total[k] += float((rec.get("data") or {}).get(k, 0.0))
+            if not isinstance(rec, dict):
+                continue
+            step, data = int(rec.get("step", -1)), rec.get("data") or {}
+            for sums, first in ((total, 1), (val, 0)):  # the validation before training logs at step 0
+                if first <= step <= steps:
+                    for k in sums:
+                        sums[k] += float(data.get(k, 0.0))
     d, t, a = total.values()
-    return (f"{d:.0f} drafts, {t:.0f} draft tokens, {a:.0f} accepted (rate {a / t if t else 0:.3f}, acceptance "
-            f"length {1 + a / d if d else 1:.3f})")
+    out = (f"{d:.0f} drafts, {t:.0f} draft tokens, {a:.0f} accepted (rate {a / t if t else 0:.3f}, acceptance "
+           f"length {1 + a / d if d else 1:.3f})")
+    _, vt, va = val.values()
+    if vt:
+        out += f"; greedy validation: {va:.0f} of {vt:.0f} draft tokens accepted (rate {va / vt:.3f})"
+    return out
 
 
 def _init_single_rank() -> None:
@@ -211,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipe.gpu_check", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("tiny-model", help="print the smoke preset's tiny model dir (built once, CPU)")
+    sub.add_parser("tiny-head", help="print the tiny model's EAGLE-3 head dir (trained once, CPU, ~2 min)")
     lg = sub.add_parser("logits", help="load DISTCP with verl's Megatron engine, compare with MODEL (one GPU)")
     lg.add_argument("--model", required=True)
     lg.add_argument("--distcp", required=True)
@@ -218,24 +239,28 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("run_dir")
     sm.add_argument("--steps", type=int, required=True)
     sm.add_argument("--spec", action="store_true", help="also speculative decoding's acceptance metrics")
+    sm.add_argument("--accepted", action="store_true", help="--spec, and accepted drafts (a trained head)")
     tb = sub.add_parser("table", help="print the pass/fail table of the script's step records")
     tb.add_argument("steps_file")
     args = ap.parse_args(argv)
-    if args.cmd == "tiny-model":
+    if args.cmd in ("tiny-model", "tiny-head"):
         from .smoke import N_TEST, N_TRAIN
         from .tiny.artifacts import tiny_artifacts
+        from .tiny.eagle3_head import build_tiny_eagle3_head
 
-        print(tiny_artifacts(os.environ.get("RECIPE_FIXTURE_CACHE") or None, n_train=N_TRAIN,
-                             n_test=N_TEST).model_dir)
+        cache = os.environ.get("RECIPE_FIXTURE_CACHE") or None
+        model = tiny_artifacts(cache, n_train=N_TRAIN, n_test=N_TEST).model_dir
+        print(model if args.cmd == "tiny-model" else build_tiny_eagle3_head(model, cache))
         return 0
     if args.cmd == "logits":
         results = check_logits(os.path.abspath(args.model), os.path.abspath(args.distcp))
         print("; ".join(f"{check} {status}: {detail}" for check, status, detail in results), flush=True)
         return 0 if all(status == "PASS" for _, status, _ in results) else 1
     if args.cmd == "smoke-result":
-        problems = smoke_problems(args.run_dir, args.steps, spec=args.spec)
+        spec = args.spec or args.accepted
+        problems = smoke_problems(args.run_dir, args.steps, spec=spec, accepted=args.accepted)
         done = f"{args.steps} steps logged with the recipe's metrics and traces"
-        if not problems and args.spec:
+        if not problems and spec:
             done += "; speculative acceptance: " + spec_summary(args.run_dir, args.steps)
         print("; ".join(problems) if problems else done)
         return 1 if problems else 0

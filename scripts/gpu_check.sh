@@ -11,8 +11,17 @@
 #               smoke-grpo-spec
 #   spec-logs   python -m recipe.gpu_check smoke-result --spec: both steps logged, with the recipe's speculative
 #               acceptance metrics (rollout/spec_*, read from vLLM's counters) and drafts on each
+#   smoke-eagle3, eagle3-logs  with --eagle3, in place of smoke-spec and spec-logs (both in one run: 1170 s of
+#               limits, past a 15-minute GPU): the same with ROLLOUT_SPECULATIVE=eagle3, vLLM's EAGLE-3 proposer with
+#               the head at DRAFT_MODEL_PATH if set (it must be a head for the smoke step's tiny model: the preflight
+#               checks it, recipe/preflight/draft_head.py), else the tiny head trained for that model on the CPU
+#               (cached; recipe/tiny/eagle3_head.py), learning online (ROLLOUT_DRAFT_ONLINE=1: capture, training and
+#               the checked push after each sleep), experiment smoke-grpo-eagle3; with the tiny head its log check
+#               also needs accepted drafts and draft_head/* on each step, and reports the acceptance rates: the rollout's (temperature 1, where
+#               the tiny model is near uniform: any head's drafts are accepted about as rarely) and the greedy
+#               validation's, which is the head's measure
 #
-#   bash scripts/gpu_check.sh [--dry-run] [--work DIR]
+#   bash scripts/gpu_check.sh [--dry-run] [--eagle3] [--work DIR]
 #
 # On a lent GPU without network or Transformer Engine (scripts/lib/device_check.sh): `--fetch-wheels` (on a machine
 # with PyPI) downloads requirements/device-megatron.txt into .whl/ (~50 MiB) and records, on vLLM CPU, the routes the
@@ -24,13 +33,15 @@
 # the GPU (fp32, after an optimizer step, each recipe path, bf16), every replayed route equal to vLLM's. Its CPU
 # rehearsal is tests/megatron.
 #
-# --dry-run prints each step's command and runs none of them (no GPU needed; it builds the tiny model on the CPU,
-# cached, to name it). --work DIR holds the checkpoint, the smoke run and one log per step (default
-# checkpoints/gpu-check-<UTC stamp>; it must be new or empty). Each GPU step runs under recipe.run_guard with a time
-# limit, which ends its whole process tree (Ray, vLLM) when reached: GPU_CHECK_CONVERT_TIMEOUT_S (90),
-# GPU_CHECK_LOGITS_TIMEOUT_S (120), GPU_CHECK_SMOKE_TIMEOUT_S (360), GPU_CHECK_SPEC_TIMEOUT_S (300; the same two
-# steps as smoke, on a warm page cache), 870 s in all. A failed conversion skips the steps that need its checkpoint;
-# a failed smoke step skips the speculative one (it would fail the same way). Exit status: 0 when every step passed, 1 when one did not, 2 on bad usage or
+# --dry-run prints each step's command and runs none of them (no GPU needed; it builds the tiny model, and with
+# --eagle3 the tiny head, on the CPU, cached, to name them: a dry run first keeps those builds off the GPU's time).
+# --work DIR holds the checkpoint, the smoke run and one log per step (default checkpoints/gpu-check-<UTC stamp>; it
+# must be new or empty). Each GPU step runs under recipe.run_guard with a time limit, which ends its whole process
+# tree (Ray, vLLM) when reached: GPU_CHECK_CONVERT_TIMEOUT_S (90), GPU_CHECK_LOGITS_TIMEOUT_S (120),
+# GPU_CHECK_SMOKE_TIMEOUT_S (360), GPU_CHECK_SPEC_TIMEOUT_S (300; the same two steps as smoke, on a warm page cache)
+# or with --eagle3 GPU_CHECK_EAGLE3_TIMEOUT_S (300: the same steps again; a one-layer head adds seconds), 870 s in
+# all. A failed conversion skips the steps that need its checkpoint; a failed smoke step skips the speculative one
+# (it would fail the same way). Exit status: 0 when every step passed, 1 when one did not, 2 on bad usage or
 # without a GPU.
 set -euo pipefail
 
@@ -44,11 +55,13 @@ die() {
 }
 
 dry=0
+eagle3=0
 work=""
 mode=full
 while (( $# > 0 )); do
     case "$1" in
         --dry-run) dry=1 ;;
+        --eagle3) eagle3=1 ;;
         --device) mode=device ;;
         --fetch-wheels) mode=fetch ;;
         --work)
@@ -61,7 +74,7 @@ while (( $# > 0 )); do
             sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
             exit 0
             ;;
-        *) die "unknown argument '$1' (usage: bash scripts/gpu_check.sh [--dry-run] [--work DIR]" \
+        *) die "unknown argument '$1' (usage: bash scripts/gpu_check.sh [--dry-run] [--eagle3] [--work DIR]" \
                "[--device | --fetch-wheels])" ;;
     esac
     shift
@@ -78,7 +91,8 @@ convert_limit="${GPU_CHECK_CONVERT_TIMEOUT_S:-90}"
 logits_limit="${GPU_CHECK_LOGITS_TIMEOUT_S:-120}"
 smoke_limit="${GPU_CHECK_SMOKE_TIMEOUT_S:-360}"
 spec_limit="${GPU_CHECK_SPEC_TIMEOUT_S:-300}"
-for v in convert_limit logits_limit smoke_limit spec_limit; do
+eagle3_limit="${GPU_CHECK_EAGLE3_TIMEOUT_S:-300}"
+for v in convert_limit logits_limit smoke_limit spec_limit eagle3_limit; do
     name="${v%_limit}"
     [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "GPU_CHECK_${name^^}_TIMEOUT_S=${!v} must be a positive number of seconds"
 done
@@ -106,9 +120,25 @@ model="$("$PY" -m recipe.gpu_check tiny-model)" || die "could not build the smok
 distcp="$work/distcp"
 runs="$work/runs"
 steps="$work/steps.tsv"
+# the speculative smoke step: the group drafter, or with --eagle3 an EAGLE-3 head (the tiny one must get drafts
+# accepted; a user's head may be untrained)
+spec_step=smoke-spec spec_logs=spec-logs spec_run=smoke-grpo-spec spec_check=--spec spec_note=""
+spec_env=(ROLLOUT_SPECULATIVE=group)
+if (( eagle3 )); then
+    spec_step=smoke-eagle3 spec_logs=eagle3-logs spec_run=smoke-grpo-eagle3 spec_limit="$eagle3_limit"
+    if [[ -n "${DRAFT_MODEL_PATH:-}" ]]; then
+        head="$(realpath -m "$DRAFT_MODEL_PATH")" spec_note="head: DRAFT_MODEL_PATH=$head"
+    else
+        head="$("$PY" -m recipe.gpu_check tiny-head)" || die "could not build the tiny model's EAGLE-3 head (above)"
+        spec_check=--accepted spec_note="head: the tiny one, trained for the tiny model, learning online"
+    fi
+    # online: the capture on CUDA, the head trained and pushed (and checked) after each level-2 sleep
+    spec_env=(ROLLOUT_SPECULATIVE=eagle3 DRAFT_MODEL_PATH="$head" ROLLOUT_DRAFT_ONLINE=1)
+fi
 
 # run_step NAME LIMIT CMD...: run CMD (under recipe.run_guard when LIMIT > 0) with its output in WORK/NAME.log and
-# record PASS/FAIL, seconds and the log's last line; with --dry-run only print the command. Returns CMD's status.
+# record PASS/FAIL, seconds and the log's last line (after STEP_NOTE, if set); with --dry-run only print the
+# command. Returns CMD's status.
 run_step() {
     local name="$1" limit="$2" status=0 start="$SECONDS" detail
     shift 2
@@ -126,6 +156,7 @@ run_step() {
     fi
     detail="$(grep -v '^[[:space:]]*$' "$work/$name.log" | tail -n 1 | tr '\t' ' ' | cut -c 1-400)" || true
     (( status != 124 )) || detail="time limit ${limit}s reached; $detail"
+    detail="${STEP_NOTE:+$STEP_NOTE; }$detail"
     printf '%s\t%s\t%s\t%s\n' "$name" "$( (( status == 0 )) && echo PASS || echo FAIL)" "$(( SECONDS - start ))" \
         "${detail:-exit status $status}" >>"$steps"
     return "$status"
@@ -142,17 +173,17 @@ if run_step convert "$convert_limit" env MODEL_PATH="$model" DISTCP_PATH="$distc
     # also after a failed smoke run: what its logs lack says how far it got
     run_step smoke-logs 0 "$PY" -m recipe.gpu_check smoke-result "$runs/smoke-grpo-resampler" --steps 2 || true
     if (( smoke_ok )); then
-        run_step smoke-spec "$spec_limit" env PRESET=smoke CKPT_ROOT="$runs" DISTCP_PATH="$distcp" RECIPE_CONSOLE=full \
-            RECIPE_PYTHON="$PY" EXPERIMENT_NAME=smoke-grpo-spec ROLLOUT_SPECULATIVE=group \
-            bash "$ROOT/scripts/train_grpo.sh" trainer.total_training_steps=2 || true
-        run_step spec-logs 0 "$PY" -m recipe.gpu_check smoke-result "$runs/smoke-grpo-spec" --steps 2 --spec || true
+        STEP_NOTE="$spec_note" run_step "$spec_step" "$spec_limit" env PRESET=smoke CKPT_ROOT="$runs" \
+            DISTCP_PATH="$distcp" RECIPE_CONSOLE=full RECIPE_PYTHON="$PY" EXPERIMENT_NAME="$spec_run" \
+            "${spec_env[@]}" bash "$ROOT/scripts/train_grpo.sh" trainer.total_training_steps=2 || true
+        run_step "$spec_logs" 0 "$PY" -m recipe.gpu_check smoke-result "$runs/$spec_run" --steps 2 "$spec_check" || true
     else
-        for name in smoke-spec spec-logs; do
+        for name in "$spec_step" "$spec_logs"; do
             printf '%s\tSKIP\t\tthe smoke step failed\n' "$name" >>"$steps"
         done
     fi
 else
-    for name in logits smoke smoke-logs smoke-spec spec-logs; do
+    for name in logits smoke smoke-logs "$spec_step" "$spec_logs"; do
         printf '%s\tSKIP\t\tneeds the converted checkpoint\n' "$name" >>"$steps"
     done
 fi
