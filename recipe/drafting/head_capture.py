@@ -17,13 +17,17 @@ record may run up to K tokens past its response's end: drafts the sampler accept
 which the output drops; they are genuine samples of the target, so they train like the rest.
 
 Bounded: at most ``max_tokens`` tokens per engine between two harvests (the trainer harvests every step); requests
-are taken whole while room is left, so a record is a prefix of its request. Stored as float16 (the aux layers of a
+are taken whole while room is left, so a record is a prefix of its request. While there is room each drafter call
+reads the batch's positions, tokens and rejected counts from the device (a sync per engine step: the capture's cost,
+with ``ROLLOUT_DRAFT_ONLINE`` only); once full, nothing. Stored as float16 (the aux layers of a
 bf16 model stay far inside its range). ``harvest`` hands the records over and empties the store.
 
 Runs inside vLLM's worker processes through ``collective_rpc`` (:mod:`recipe.adapter.draft_learning`); numpy only
 crosses the RPC.
 """
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 import torch
@@ -126,10 +130,10 @@ def install(worker, max_tokens: int) -> bool:
         return True
     capture = HeadCapture(max_tokens)
     original = drafter.propose
+    signature = inspect.signature(original)
 
     def propose(*args, **kwargs):
-        bound = _bind(original, args, kwargs)
-        _record(capture, runner.input_batch, bound)
+        _record(capture, runner.input_batch, signature.bind(*args, **kwargs).arguments)
         return original(*args, **kwargs)
 
     drafter.propose = propose
@@ -137,15 +141,14 @@ def install(worker, max_tokens: int) -> bool:
     return True
 
 
-def _bind(original, args, kwargs) -> dict:
-    import inspect
-
-    return inspect.signature(original).bind(*args, **kwargs).arguments
-
-
 def _record(capture: HeadCapture, batch, a: dict) -> None:
+    """One drafter call into ``capture``; once the store is full, nothing is read from the device (each read is a
+    sync, which async scheduling would otherwise overlap) and the step's scheduled tokens count as dropped."""
     meta = a["common_attn_metadata"]
     n = meta.num_reqs
+    if capture.tokens >= capture.max_tokens:
+        capture.dropped += int(meta.query_start_loc_cpu[n])
+        return
     rejected = a.get("num_rejected_tokens_gpu")
     rejected = np.zeros(n, np.int64) if rejected is None else rejected[:n].to("cpu").numpy()
     capture.add(batch.req_ids[:n], batch.num_prompt_tokens[:n], meta.query_start_loc_cpu[:n + 1].numpy(), rejected,

@@ -50,6 +50,22 @@ def test_recomputed_position_keeps_the_latest_capture():
     assert rec["tokens"].tolist() == [10, 11, 12, 13] and (rec["hidden"] == 2.0).all() and stats["recaptured"] == 4
 
 
+def test_a_full_store_reads_nothing_from_the_device():
+    from recipe.drafting.head_capture import _record
+
+    cap = HeadCapture(max_tokens=0)
+
+    class Unreadable:
+        def __getitem__(self, _):
+            raise AssertionError("read from the device while full")
+
+    meta = type("Meta", (), {"num_reqs": 2, "query_start_loc_cpu": torch.tensor([0, 4, 6])})()
+    _record(cap, None, {"common_attn_metadata": meta, "num_rejected_tokens_gpu": Unreadable(),
+                        "target_positions": Unreadable(), "target_token_ids": Unreadable(),
+                        "target_hidden_states": Unreadable()})
+    assert cap.take() == {"records": [], "dropped": 6, "recaptured": 0}
+
+
 class _Worker:
     """What ``harvest`` reads of a vLLM worker: ``model_runner.drafter`` carrying the store."""
 
