@@ -94,7 +94,11 @@ class DraftLearning:
 
         self.finish_training()
         t0 = time.monotonic()
-        problems = push_head(replica_servers(checkpoint_manager), self.trainer.state(), self.trainer.config)
+        servers = replica_servers(checkpoint_manager)
+        if not servers:
+            raise RuntimeError("draft head: verl's checkpoint manager lists no rollout replica to push the head to "
+                               "(checkpoint_manager.replicas is empty): the engines would draft with a stale head")
+        problems = push_head(servers, self.trainer.state(), self.trainer.config)
         if problems:
             raise RuntimeError("draft head sync: the engines' heads differ from the trainer's after the push: "
                                + "; ".join(problems[:8]))

@@ -68,3 +68,6 @@ def test_a_failed_training_or_a_differing_engine_stops_the_run(monkeypatch):
     dl = learning(monkeypatch, Trainer(), [], problems=["replica 0: dp 0 tp 0/1: model.fc.weight differs"])
     with pytest.raises(RuntimeError, match="model.fc.weight differs"):
         dl.push(None)
+    monkeypatch.setattr(draft_learning, "replica_servers", lambda cm: [])
+    with pytest.raises(RuntimeError, match="no rollout replica"):
+        dl.push(None)
