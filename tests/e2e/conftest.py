@@ -76,6 +76,7 @@ def _multi_turn(name: str, extra: dict, args: tuple = (), slow: dict | None = No
                                      f"trainer.rollout_data_dir={dumps}", *args))
             run.tool_events, run.tool_latency_s, run.steps = tools.parent / "tool_events.jsonl", TOOL_LATENCY_S, \
                 MULTI_TURN_STEPS
+            run.slow_latency_s = (slow or {}).get("slow_latency_s", TOOL_LATENCY_S)
             run.dumps = dumps
             return run
 
