@@ -29,6 +29,9 @@ Only small hook overrides, each pinned by tests/contract:
   whose time key orders epochs with ``data.sampler.order_by=time``.
 * token records (``recipe.record_tokens.enable``): ``step`` also writes each trained response's prompt and response
   ids (``recipe/token_record.py``) and logs ``record_tokens/*``.
+* ``ROLLOUT_SPECULATIVE=eagle3`` (``recipe/adapter/draft_learning.py``): ``on_init_end`` and ``on_step_end`` push the
+  head to every engine after verl's weight sync and check it there; online, ``on_sample_end`` harvests the engines'
+  captures and starts training, ``step`` joins it; ``_save_checkpoint`` / ``_load_checkpoint`` save and resume it.
 * routing replay (R3, ``recipe/adapter/routes.py``): ``step`` logs the trained tokens masked for lack of routes
   (``rollout/routes/unrouted_masked_tokens``); the over-sampler empties the routes of the records it keeps for a
   resume; ``rollout/mismatch/*`` leaves out a resumed response's stale tokens (an older policy's log-probs).
