@@ -25,14 +25,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from recipe.cpu.preset import CPU_VALUES, N_TRAIN  # noqa: E402
-from recipe.report.load import RunLogsError, load_run  # noqa: E402
-from recipe.report.summary import series, training_steps  # noqa: E402
+from recipe.report.cpu_launch import has_step, launch_cpu  # noqa: E402
+from recipe.report.load import load_run  # noqa: E402
+from recipe.report.summary import series  # noqa: E402
 
 ARMS = {"frozen": {"ROLLOUT_DRAFT_ONLINE": "0"}, "online": {"ROLLOUT_DRAFT_ONLINE": "1"}}
 CLEARED = ("BASELINE_NO_RESAMPLE", "VLLM_EAGER_BASELINE_NO_RESAMPLE", "MODEL_PATH", "TRAIN_FILE", "TEST_FILE",
@@ -43,28 +43,15 @@ TOKENS, TOP1 = "rollout/spec_acceptance_length", "draft_head/top1_before_train"
 
 
 def complete(run_dir: Path) -> bool:
-    try:
-        return STEPS in training_steps(load_run(run_dir))
-    except RunLogsError:
-        return False
+    return has_step(run_dir, STEPS)
 
 
 def launch(out: Path, arm: str, seed: int, head_lr: str) -> None:
-    name = f"{arm}-s{seed}"
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED and not k.startswith("ROLLOUT_DRAFT_")}
-    env.update(PRESET="cpu", CKPT_ROOT=str(out), EXPERIMENT_NAME=name, DATA_SEED=str(seed),
-               ROLLOUT_SAMPLING_SEED=str(seed), ROLLOUT_SPECULATIVE="eagle3", **ARMS[arm])
+    env = dict(DATA_SEED=str(seed), ROLLOUT_SAMPLING_SEED=str(seed), ROLLOUT_SPECULATIVE="eagle3", **ARMS[arm])
     if arm == "online":
         env["ROLLOUT_DRAFT_LR"] = head_lr
-    log = out / f"{name}.launch.log"
-    print(f"[draft_online_ab] launching {name} (log {log})", flush=True)
-    t0 = time.monotonic()
-    with open(log, "w") as fp:
-        rc = subprocess.call(["bash", str(ROOT / "scripts" / "train_grpo.sh")], env=env, cwd=ROOT, stdout=fp,
-                             stderr=subprocess.STDOUT)
-    if rc != 0 or not complete(out / name):
-        raise SystemExit(f"draft_online_ab: {name} failed (exit {rc}) or stopped before step {STEPS}: see {log}")
-    print(f"[draft_online_ab] {name} done in {(time.monotonic() - t0) / 60:.1f} min", flush=True)
+    drafts = [k for k in os.environ if k.startswith("ROLLOUT_DRAFT_")]  # the arms set their own
+    launch_cpu(out, f"{arm}-s{seed}", env, (*CLEARED, *drafts), STEPS, "draft_online_ab")
 
 
 def report(out: Path, seed: int) -> None:

@@ -24,21 +24,19 @@ reproduces it. 3-10 min a run on 2 cores (3 alone, 10 beside the test suite).
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from recipe.cpu.preset import COUNTDOWN_VALUES, CPU_VALUES, N_TRAIN  # noqa: E402
-from recipe.report.load import RunLogsError, load_run  # noqa: E402
+from recipe.report.cpu_launch import has_step, launch_cpu  # noqa: E402
+from recipe.report.load import load_run  # noqa: E402
 from recipe.report.seeds import (  # noqa: E402
     per_seed, plot_arms, render_diff, render_table, reward_key, val_key, window_diff)
-from recipe.report.summary import training_steps, val_label  # noqa: E402
+from recipe.report.summary import val_label  # noqa: E402
 
 ARMS = {"resampler": {}, "baseline": {"BASELINE_NO_RESAMPLE": "1"}}  # A (the recipe), B (verl's random order)
 # Variables this benchmark sets or that would change an arm: taken out of the caller's environment.
@@ -57,37 +55,19 @@ def run_name(arm: str, seed: int, epochs: int = EPOCHS, lr: str | None = None, m
 
 def is_complete(run_dir: Path, epochs: int = EPOCHS) -> bool:
     """Whether the run's metrics hold a training record of its last step."""
-    try:
-        run = load_run(run_dir)
-    except RunLogsError:
-        return False
-    return epochs * STEPS_PER_EPOCH in training_steps(run)
+    return has_step(run_dir, epochs * STEPS_PER_EPOCH)
 
 
 def launch(out: Path, arm: str, seed: int, epochs: int = EPOCHS, lr: str | None = None,
            model: str = "trained") -> float:
     """One CPU-preset run in ``<out>/<run_name>``; returns its wall time. Raises if it fails or stops short."""
-    name = run_name(arm, seed, epochs, lr, model)
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
-    env.update(PRESET="cpu", CKPT_ROOT=str(out), EXPERIMENT_NAME=name, DATA_SEED=str(seed),
-               ROLLOUT_SAMPLING_SEED=str(seed), TOTAL_EPOCHS=str(epochs), **ARMS[arm])
+    env = dict(DATA_SEED=str(seed), ROLLOUT_SAMPLING_SEED=str(seed), TOTAL_EPOCHS=str(epochs), **ARMS[arm])
     if lr:
         env["ACTOR_LR"] = lr
     if model != "trained":
         env["CPU_MODEL"] = model
-    log = out / f"{name}.launch.log"
-    print(f"[learning_ab] launching {name} (log {log})", flush=True)
-    t0 = time.monotonic()
-    with open(log, "w") as fp:
-        rc = subprocess.call(["bash", str(ROOT / "scripts" / "train_grpo.sh")], env=env, cwd=ROOT,
-                             stdout=fp, stderr=subprocess.STDOUT)
-    wall = time.monotonic() - t0
-    if rc != 0 or not is_complete(out / name, epochs):
-        raise SystemExit(f"learning_ab: {name} failed (exit {rc}) or stopped before step {epochs * STEPS_PER_EPOCH}: "
-                         f"see {log}; "
-                         f"rerun the same command to relaunch it (complete runs are kept)")
-    print(f"[learning_ab] {name} done in {wall / 60:.1f} min", flush=True)
-    return wall
+    return launch_cpu(out, run_name(arm, seed, epochs, lr, model), env, CLEARED, epochs * STEPS_PER_EPOCH,
+                      "learning_ab")
 
 
 def report(out: Path, seeds: list[int], window: int, plot: Path, epochs: int = EPOCHS, lr: str | None = None,
