@@ -122,3 +122,33 @@ def _check_capture(engine, tiny_artifacts):
         worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
     print(f"capture: 8 requests, {drafted} draft tokens, {accepted} accepted; hidden states max rel. error {worst:.1e}")
     assert worst < 2e-3
+
+
+def test_the_bound_holds_on_the_arrays_really_held_over_many_rounds():
+    """ROLLOUT_DRAFT_CAPTURE_TOKENS on what the store reaches (recipe/drafting/live.py walks the references), not on
+    its own counter: 60 engine steps of 8 requests, harvested every 5; held bytes never pass the bound's tokens x
+    (the hidden state in float16 + position + token), and a harvest leaves nothing behind."""
+    from recipe.drafting.live import reachable_bytes
+
+    max_tokens, width = 500, 48
+    per_token = width * 2 + 8 + 8
+    cap, rng = HeadCapture(max_tokens=max_tokens), np.random.default_rng(0)
+    next_pos = {}
+    peak = 0
+    for step in range(60):
+        ids = [f"r{(step // 5) * 8 + i}" for i in range(8)]  # a new wave of requests after each harvest
+        sizes = rng.integers(1, 30, 8)
+        rejected = np.minimum(rng.integers(0, 4, 8), sizes - 1)
+        pos = np.concatenate([np.arange(next_pos.get(r, 0), next_pos.get(r, 0) + n) for r, n in zip(ids, sizes)])
+        for r, n, j in zip(ids, sizes, rejected):
+            next_pos[r] = next_pos.get(r, 0) + int(n - j)
+        cap.add(ids, [4] * 8, np.r_[0, np.cumsum(sizes)], rejected, pos, pos + 7,
+                torch.randn(int(sizes.sum()), width))
+        held = reachable_bytes(vars(cap))  # every attribute the store holds
+        peak = max(peak, held)
+        assert held <= max_tokens * per_token, (step, held)
+        if step % 5 == 4:
+            assert sum(len(r["tokens"]) for r in cap.take()["records"]) <= max_tokens
+            assert reachable_bytes(vars(cap)) == 0
+    print(f"capture store: peak {peak} bytes held against a bound of {max_tokens * per_token}")
+    assert peak > 0.5 * max_tokens * per_token  # the rounds did fill it
