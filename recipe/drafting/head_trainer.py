@@ -127,12 +127,15 @@ class OnlineHeadTrainer:
 
     def score(self, records: list[dict]) -> dict[str, float]:
         """The head's first-draft top-1 agreement and loss per token on ``records`` (no training)."""
+        return self._score(self._examples(records))
+
+    def _score(self, examples) -> dict[str, float]:
         import torch
 
         hits = total = 0
         loss = 0.0
         with torch.no_grad():
-            for ex in self._examples(records):
+            for ex in examples:
                 lsum, logits = self._loss(ex)
                 mask = ex[2] >= 0
                 hits += int((logits.argmax(-1)[mask] == ex[2][mask]).sum())
@@ -144,8 +147,8 @@ class OnlineHeadTrainer:
     def train(self, records: list[dict]) -> dict[str, float]:
         """Score on the step's records, then ``steps`` optimizer steps of about ``batch_tokens`` tokens each, drawn
         from them; returns ``draft_head/*`` metrics."""
-        before = self.score(records)
         examples = list(self._examples(records))
+        before = self._score(examples)
         sizes = np.array([int((ex[2] >= 0).sum()) for ex in examples])
         losses = []
         if examples and sizes.sum() > 0:
